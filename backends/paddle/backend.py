@@ -1,0 +1,71 @@
+"""The paddle Backend: glue from the unitrain interface to the modules beside this one."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import paddle
+import paddle.nn.functional as F
+
+from unitrain.backend import Backend
+from unitrain.config import AmpConfig, DistConfig, OptimConfig
+from unitrain.models import ResNetSpec
+
+from . import data, distributed, models, optim, precision
+
+
+class PaddleBackend(Backend):
+    name = "paddle"
+    framework = "paddle"
+    package = "paddlepaddle"
+
+    def __init__(self):
+        # Paddle has no getter for its CPU math-library threads; remember what was set.
+        self._threads: int | None = None
+
+    def version(self) -> str:
+        return paddle.__version__
+
+    def set_threads(self, threads: int) -> None:
+        paddle.base.core.set_num_threads(threads)
+        self._threads = threads
+
+    def threads(self) -> int:
+        return self._threads or 0
+
+    def seed(self, seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        paddle.seed(seed)
+
+    def has_accelerator(self) -> bool:
+        return paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
+
+    def distributed(self, cfg: DistConfig | None = None, device: str = "auto") -> distributed.PaddleDistributedContext:
+        return distributed.PaddleDistributedContext(cfg, device)
+
+    def precision(self, cfg: AmpConfig | None = None):
+        return precision.make_precision(cfg or AmpConfig())
+
+    def _build_resnet(self, spec: ResNetSpec, num_classes: int) -> models.ResNet:
+        return models.ResNet(spec, num_classes)
+
+    def build_optimizer(self, model, cfg: OptimConfig | None = None):
+        return optim.build_optimizer(model, cfg or OptimConfig())
+
+    def set_lr(self, optimizer, lr: float) -> None:
+        optim.set_lr(optimizer, lr)
+
+    def make_loader(self, dataset, batch_sampler, num_workers: int = 0, device: str = "cpu"):
+        return data.make_loader(dataset, batch_sampler, num_workers, device)
+
+    def loss(self, logits, labels):
+        return F.cross_entropy(logits.astype("float32"), labels)
+
+    def to_numpy(self, tensor):
+        return tensor.detach().astype("float32").numpy()
+
+    def num_parameters(self, model) -> int:
+        return sum(math.prod(p.shape) for p in model.parameters())

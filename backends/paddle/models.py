@@ -1,0 +1,79 @@
+"""ResNets built from unitrain.models specs, with the same layer names as the torch backend."""
+
+from __future__ import annotations
+
+import paddle
+from paddle import nn
+
+from unitrain.models import ResNetSpec
+
+
+def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1) -> tuple[nn.Conv2D, nn.BatchNorm2D]:
+    # paddle's BN momentum 0.9 is torch's 0.1 (weight of the running value vs. of the batch).
+    return nn.Conv2D(cin, cout, kernel, stride=stride, padding=kernel // 2, bias_attr=False), nn.BatchNorm2D(cout)
+
+
+class BasicBlock(nn.Layer):
+    expansion = 1
+
+    def __init__(self, cin: int, width: int, stride: int = 1):
+        super().__init__()
+        self.conv1, self.bn1 = _conv_bn(cin, width, 3, stride)
+        self.conv2, self.bn2 = _conv_bn(width, width, 3)
+        self.relu = nn.ReLU()
+        self.downsample = _downsample(cin, width * self.expansion, stride)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + identity)
+
+
+class BottleneckBlock(nn.Layer):
+    expansion = 4
+
+    def __init__(self, cin: int, width: int, stride: int = 1):
+        super().__init__()
+        # Stride on the 3x3 conv (ResNet v1.5), as paddle.vision and torchvision do.
+        self.conv1, self.bn1 = _conv_bn(cin, width, 1)
+        self.conv2, self.bn2 = _conv_bn(width, width, 3, stride)
+        self.conv3, self.bn3 = _conv_bn(width, width * self.expansion, 1)
+        self.relu = nn.ReLU()
+        self.downsample = _downsample(cin, width * self.expansion, stride)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        return self.relu(out + identity)
+
+
+def _downsample(cin: int, cout: int, stride: int) -> nn.Sequential | None:
+    if stride == 1 and cin == cout:
+        return None
+    return nn.Sequential(*_conv_bn(cin, cout, 1, stride))
+
+
+class ResNet(nn.Layer):
+    def __init__(self, spec: ResNetSpec, num_classes: int):
+        super().__init__()
+        block = BottleneckBlock if spec.block == "bottleneck" else BasicBlock
+        self.conv1, self.bn1 = _conv_bn(3, spec.width, 7, stride=2)
+        self.relu = nn.ReLU()
+        self.maxpool = nn.MaxPool2D(3, stride=2, padding=1)
+        cin = spec.width
+        for i, (width, depth) in enumerate(zip(spec.stage_widths(), spec.layers)):
+            blocks = []
+            for j in range(depth):
+                blocks.append(block(cin, width, stride=2 if (i > 0 and j == 0) else 1))
+                cin = width * block.expansion
+            setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
+        self.avgpool = nn.AdaptiveAvgPool2D(1)
+        self.fc = nn.Linear(spec.feature_dim, num_classes)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+        return self.fc(paddle.flatten(self.avgpool(x), 1))

@@ -1,0 +1,65 @@
+"""The torch Backend: glue from the unitrain interface to the modules beside this one."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from unitrain.backend import Backend
+from unitrain.config import AmpConfig, DistConfig, OptimConfig
+from unitrain.models import ResNetSpec
+
+from . import data, distributed, models, optim, precision
+
+
+class TorchBackend(Backend):
+    name = "torch"
+    framework = "torch"
+    package = "torch"
+
+    def version(self) -> str:
+        return torch.__version__
+
+    def set_threads(self, threads: int) -> None:
+        torch.set_num_threads(threads)
+
+    def threads(self) -> int:
+        return torch.get_num_threads()
+
+    def seed(self, seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+    def has_accelerator(self) -> bool:
+        return torch.cuda.is_available()
+
+    def distributed(self, cfg: DistConfig | None = None, device: str = "auto") -> distributed.TorchDistributedContext:
+        return distributed.TorchDistributedContext(cfg, device)
+
+    def precision(self, cfg: AmpConfig | None = None):
+        return precision.make_precision(cfg or AmpConfig())
+
+    def _build_resnet(self, spec: ResNetSpec, num_classes: int) -> models.ResNet:
+        return models.ResNet(spec, num_classes)
+
+    def build_optimizer(self, model, cfg: OptimConfig | None = None):
+        return optim.build_optimizer(model, cfg or OptimConfig())
+
+    def set_lr(self, optimizer, lr: float) -> None:
+        optim.set_lr(optimizer, lr)
+
+    def make_loader(self, dataset, batch_sampler, num_workers: int = 0, device: str = "cpu"):
+        return data.make_loader(dataset, batch_sampler, num_workers, device)
+
+    def loss(self, logits, labels):
+        return F.cross_entropy(logits.float(), labels)
+
+    def to_numpy(self, tensor):
+        return tensor.detach().float().cpu().numpy()
+
+    def num_parameters(self, model) -> int:
+        return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,110 @@
+"""The command line: ``python -m unitrain [overrides]`` and Hydra multirun sweeps."""
+
+from __future__ import annotations
+
+import os
+import sys
+from importlib import resources
+from typing import Any, Dict, List
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
+from omegaconf import DictConfig
+
+from unitrain.backend import get_backend
+from unitrain.config import register_configs, validate
+from unitrain.errors import NotImplementedYetError, UnitrainError
+from unitrain.report import markdown_table
+from unitrain.trainer import Trainer
+
+register_configs()
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def apply_threads(threads: int | None) -> int:
+    """Resolve ``trainer.threads`` and export it for OpenMP/MKL, which read it when they load.
+
+    Frameworks default to different thread counts (paddle ran ~1.7x slower than it could here),
+    so both get the same explicit number; the backend also sets it through its own API.
+    """
+    threads = threads or available_cores()
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    return threads
+
+
+def run(cfg: DictConfig) -> Dict[str, Any]:
+    """One job: validate, pick the backend, train, print the table. Errors become one line."""
+    try:
+        validate(cfg)
+        if cfg.dist.nproc_per_node * cfg.dist.nnodes > 1:
+            raise NotImplementedYetError(
+                f"dist.nproc_per_node={cfg.dist.nproc_per_node} dist.nnodes={cfg.dist.nnodes}: launching data-parallel "
+                "workers is not implemented yet (issue #3); available now: dist.nproc_per_node=1 dist.nnodes=1"
+            )
+        threads = apply_threads(cfg.trainer.threads)
+        backend = get_backend(cfg.backend.name)
+        summary = Trainer(cfg, backend, HydraConfig.get().runtime.output_dir, threads).fit()
+    except UnitrainError as err:
+        print(f"unitrain: error: {err}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    if HydraConfig.get().mode.name == "RUN":
+        summary["run_dir"] = HydraConfig.get().runtime.output_dir
+        print("\n" + markdown_table([summary]) + f"\n\nrun directory: {summary['run_dir']}", flush=True)
+    return summary
+
+
+def group_options() -> Dict[str, List[str]]:
+    """The options of each config group, read from the packaged conf/ directory."""
+    conf = resources.files("unitrain.conf")
+    return {
+        group.name: sorted(f.name[: -len(".yaml")] for f in group.iterdir() if f.name.endswith(".yaml"))
+        for group in conf.iterdir()
+        if group.is_dir() and not group.name.startswith("_")
+    }
+
+
+def check_group_choices(args: List[str]) -> str | None:
+    """A one-line message for ``group=option`` overrides naming an option that does not exist.
+
+    Hydra would reject them too, but over a dozen lines with its search path; this names the
+    key and the allowed options on one line. Everything else is left to Hydra.
+    """
+    overrides = [a for a in args if not a.startswith("-") and "=" in a]
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except OverrideParseException:
+        return None  # Hydra reports syntax errors itself.
+    options = group_options()
+    for override in parsed:
+        group = override.key_or_group.lstrip("+~")
+        if group not in options or override.package is not None:
+            continue
+        values = list(override.sweep_string_iterator()) if override.is_sweep_override() else [override.value()]
+        for value in values:
+            if value is not None and str(value) not in options[group]:
+                return f"{group}={value!r} is not allowed: one of {', '.join(options[group])}"
+    return None
+
+
+@hydra.main(version_base=None, config_path="pkg://unitrain.conf", config_name="config")
+def _hydra_main(cfg: DictConfig) -> None:
+    run(cfg)
+
+
+def main() -> None:
+    problem = check_group_choices(sys.argv[1:])
+    if problem:
+        print(f"unitrain: error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    _hydra_main()
+
+

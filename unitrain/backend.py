@@ -1,0 +1,126 @@
+"""The Backend interface and the registry that finds one by name.
+
+A backend is the whole of what unitrain needs from a framework. Each lives in
+``unitrain.backends.<name>`` with the same module names (models, data, optim, distributed,
+precision, runtime) and is imported only when asked for, so choosing ``torch`` never imports
+paddle and a missing framework only matters to the backend that needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Sequence
+
+from unitrain.config import AmpConfig, DistConfig, OptimConfig
+from unitrain.distributed import DistributedContext
+from unitrain.errors import BackendUnavailableError, UnknownNameError
+from unitrain.models import MODELS, ResNetSpec
+from unitrain.precision import MixedPrecision
+
+
+class Backend(ABC):
+    #: Registry name (``backend=<name>``).
+    name: str
+    #: The top-level module of the framework and the package that provides it.
+    framework: str
+    package: str
+
+    # --- process-wide settings -------------------------------------------------------------
+    @abstractmethod
+    def version(self) -> str: ...
+
+    @abstractmethod
+    def set_threads(self, threads: int) -> None:
+        """Intra-op CPU threads; set identically on both backends for a fair comparison."""
+
+    @abstractmethod
+    def threads(self) -> int: ...
+
+    @abstractmethod
+    def seed(self, seed: int) -> None:
+        """Seed the framework's RNGs (initial weights, dropout)."""
+
+    @abstractmethod
+    def has_accelerator(self) -> bool: ...
+
+    # --- building blocks --------------------------------------------------------------------
+    @abstractmethod
+    def distributed(self, cfg: DistConfig | None = None, device: str = "auto") -> DistributedContext: ...
+
+    def precision(self, cfg: AmpConfig | None = None) -> MixedPrecision:
+        return MixedPrecision(cfg)
+
+    def build_model(self, model: str | ResNetSpec, num_classes: int, device: str | None = None):
+        """A ResNet from the shared specs (``"tiny"``, ``"resnet18"``, ``"resnet50"``), on ``device``."""
+        spec = MODELS.get(model) if isinstance(model, str) else model
+        net = self._build_resnet(spec, num_classes)
+        # Both frameworks' layers have .to(device) returning the layer itself.
+        return net.to(device) if device else net
+
+    @abstractmethod
+    def _build_resnet(self, spec: ResNetSpec, num_classes: int): ...
+
+    @abstractmethod
+    def build_optimizer(self, model, cfg: OptimConfig | None = None):
+        """Momentum SGD with L2 weight decay, the seed's optimizer."""
+
+    @abstractmethod
+    def set_lr(self, optimizer, lr: float) -> None: ...
+
+    @abstractmethod
+    def make_loader(self, dataset, batch_sampler: Iterable[List[int]], num_workers: int = 0, device: str = "cpu"):
+        """The framework's own DataLoader over a NumPy dataset, yielding (images, labels) on ``device``."""
+
+    # --- step pieces ------------------------------------------------------------------------
+    @abstractmethod
+    def loss(self, logits, labels):
+        """Mean cross-entropy, computed in fp32."""
+
+    @abstractmethod
+    def to_numpy(self, tensor): ...
+
+    @abstractmethod
+    def num_parameters(self, model) -> int: ...
+
+    def describe(self) -> Dict[str, Any]:
+        return {"backend": self.name, "framework": self.package, "version": self.version(), "threads": self.threads()}
+
+
+@dataclass(frozen=True)
+class _Entry:
+    module: str
+    framework: str
+    extra: str
+
+
+_BACKENDS: Dict[str, _Entry] = {
+    "paddle": _Entry("unitrain.backends.paddle", "paddle", "paddle"),
+    "torch": _Entry("unitrain.backends.torch", "torch", "torch"),
+}
+_INSTANCES: Dict[str, Backend] = {}
+
+
+def available_backends() -> Sequence[str]:
+    """Every backend unitrain knows, installed or not."""
+    return sorted(_BACKENDS)
+
+
+def get_backend(name: str) -> Backend:
+    """The backend called ``name``, importing its framework on first use."""
+    if name not in _BACKENDS:
+        raise UnknownNameError("backend", name, _BACKENDS)
+    if name not in _INSTANCES:
+        entry = _BACKENDS[name]
+        try:
+            module = importlib.import_module(entry.module)
+        except ModuleNotFoundError as err:
+            if err.name and err.name.split(".")[0] == entry.framework:
+                raise BackendUnavailableError(
+                    f"backend {name!r} needs the {entry.framework!r} framework, which is not installed; "
+                    f"install it with: pip install 'unitrain[{entry.extra}]'"
+                ) from None
+            raise
+        _INSTANCES[name] = module.Backend()
+    return _INSTANCES[name]

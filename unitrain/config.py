@@ -1,0 +1,207 @@
+"""The typed config schema: one dataclass per Hydra config group, registered in the ConfigStore.
+
+The YAML files in conf/ choose between these schemas and set values; Hydra checks every
+override against them, so a wrong key or type fails at start, before any framework loads.
+Value checks that types cannot express live in :func:`validate`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+from unitrain.errors import ConfigError
+from unitrain.models import MODELS
+
+AMP_LEVELS = ("O0", "O1", "O2", "O3")
+AMP_DTYPES = ("float16", "bfloat16")
+AMP_IMPLS = ("native", "apex")
+DEVICES = ("auto", "cpu", "gpu")
+LR_SCHEDULES = ("constant", "step", "cosine")
+LR_SCALINGS = ("linear", "keep_global")
+PROFILER_MODES = ("off", "timer", "trace")
+SAMPLER_REMAINDERS = ("pad", "drop")
+SAMPLER_ORDERS = ("global", "shard")
+DATASET_NAMES = ("synthetic", "learnable", "imagefolder")
+
+
+@dataclass
+class BackendConfig:
+    name: str = MISSING
+    # auto: the accelerator when the framework sees one, else cpu.
+    device: str = "auto"
+
+
+@dataclass
+class AmpConfig:
+    level: str = "O0"
+    dtype: str = "float16"
+    impl: str = "native"
+    custom_white_list: List[str] = field(default_factory=list)
+    custom_black_list: List[str] = field(default_factory=list)
+    # Loss scaling knobs, named as in paddle.amp.GradScaler (the torch names are mapped by the backend).
+    # None: on for float16, off for bfloat16.
+    use_dynamic_loss_scaling: Optional[bool] = None
+    init_loss_scaling: float = 65536.0
+    incr_ratio: float = 2.0
+    decr_ratio: float = 0.5
+    incr_every_n_steps: int = 2000
+    decr_every_n_nan_or_inf: int = 1
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    # Where initial weights come from: each framework's own initialisers ("framework").
+    init: str = "framework"
+
+
+@dataclass
+class DataConfig:
+    name: str = MISSING
+    image_size: int = 32
+    num_classes: int = 10
+    # Synthetic sets only; None sizes them to exactly trainer.steps batches per epoch.
+    num_samples: Optional[int] = None
+    # imagefolder only: a directory with one sub-directory of images per class.
+    path: Optional[str] = None
+    num_workers: int = 0
+    shuffle: bool = True
+    drop_last: bool = True
+    # How the sampler splits data across replicas (see unitrain.sampler).
+    remainder: str = "pad"
+    order: str = "global"
+
+
+@dataclass
+class OptimConfig:
+    name: str = "momentum"
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    # step schedule: multiply by gamma every step_size steps.
+    step_size: int = 30
+    gamma: float = 0.1
+    lr_scaling: str = "linear"
+
+
+@dataclass
+class TrainerConfig:
+    # Batches per epoch (the seed's batch_num); None runs each epoch to the end of the data.
+    steps: Optional[int] = 20
+    epochs: int = 1
+    batch_size: int = 16
+    # None: every core this process may use. Applied identically to both frameworks.
+    threads: Optional[int] = None
+    seed: int = 2024
+    log_every: int = 10
+    progress: bool = True
+    accumulate_steps: int = 1
+    checkpoint_every: int = 0
+    resume: Optional[str] = None
+
+
+@dataclass
+class DistConfig:
+    nproc_per_node: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: Optional[int] = None
+    # auto: gloo on CPU, nccl on GPU.
+    comm_backend: str = "auto"
+    sync_bn: bool = False
+
+
+@dataclass
+class ProfilerConfig:
+    mode: str = "timer"
+    # Steps left out of the timing summary (start-up, allocator warm-up).
+    warmup_steps: int = 2
+    # trace mode: the step window handed to the framework profiler.
+    start: int = 10
+    steps: int = 5
+
+
+@dataclass
+class UnitrainConfig:
+    """The root schema; conf/config.yaml lists it first, then one option per group."""
+
+    backend: BackendConfig = field(default_factory=BackendConfig)
+    amp: AmpConfig = field(default_factory=AmpConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+
+
+def register_configs() -> None:
+    """Store the root schema; every YAML option in conf/<group>/ is merged onto its typed node."""
+    ConfigStore.instance().store(name="unitrain_schema", node=UnitrainConfig)
+
+
+def _one_of(key: str, value: Any, allowed) -> None:
+    if value not in allowed:
+        raise ConfigError(key, value, f"one of {', '.join(map(str, allowed))}")
+
+
+def _positive(key: str, value: Any) -> None:
+    if value is None or value <= 0:
+        raise ConfigError(key, value, "a number > 0")
+
+
+def validate(cfg: UnitrainConfig | Any) -> None:
+    """Reject values that are well-typed but meaningless, naming the key and what is allowed."""
+    _one_of("backend.device", cfg.backend.device, DEVICES)
+    _one_of("amp.level", cfg.amp.level, AMP_LEVELS)
+    _one_of("amp.dtype", cfg.amp.dtype, AMP_DTYPES)
+    _one_of("amp.impl", cfg.amp.impl, AMP_IMPLS)
+    _one_of("model.name", cfg.model.name, MODELS.names())
+    _one_of("model.init", cfg.model.init, ("framework",))
+    _one_of("data.name", cfg.data.name, DATASET_NAMES)
+    _positive("data.image_size", cfg.data.image_size)
+    _positive("data.num_classes", cfg.data.num_classes)
+    if cfg.data.num_samples is not None:
+        _positive("data.num_samples", cfg.data.num_samples)
+    if cfg.data.num_workers < 0:
+        raise ConfigError("data.num_workers", cfg.data.num_workers, "an integer >= 0")
+    _one_of("data.remainder", cfg.data.remainder, SAMPLER_REMAINDERS)
+    _one_of("data.order", cfg.data.order, SAMPLER_ORDERS)
+    if cfg.data.name == "imagefolder":
+        if not cfg.data.path:
+            raise ConfigError("data.path", cfg.data.path, "a directory of class sub-directories (data=imagefolder)")
+        if not os.path.isdir(cfg.data.path):
+            raise ConfigError("data.path", cfg.data.path, "an existing directory of class sub-directories")
+    _one_of("optim.name", cfg.optim.name, ("momentum",))
+    _positive("optim.lr", cfg.optim.lr)
+    if not 0 <= cfg.optim.momentum < 1:
+        raise ConfigError("optim.momentum", cfg.optim.momentum, "a number in [0, 1)")
+    if cfg.optim.weight_decay < 0:
+        raise ConfigError("optim.weight_decay", cfg.optim.weight_decay, "a number >= 0")
+    _one_of("optim.schedule", cfg.optim.schedule, LR_SCHEDULES)
+    _one_of("optim.lr_scaling", cfg.optim.lr_scaling, LR_SCALINGS)
+    if cfg.optim.warmup_steps < 0:
+        raise ConfigError("optim.warmup_steps", cfg.optim.warmup_steps, "an integer >= 0")
+    _positive("optim.step_size", cfg.optim.step_size)
+    if cfg.trainer.steps is not None:
+        _positive("trainer.steps", cfg.trainer.steps)
+    _positive("trainer.epochs", cfg.trainer.epochs)
+    _positive("trainer.batch_size", cfg.trainer.batch_size)
+    if cfg.trainer.threads is not None:
+        _positive("trainer.threads", cfg.trainer.threads)
+    _positive("trainer.log_every", cfg.trainer.log_every)
+    _positive("trainer.accumulate_steps", cfg.trainer.accumulate_steps)
+    _positive("dist.nproc_per_node", cfg.dist.nproc_per_node)
+    _positive("dist.nnodes", cfg.dist.nnodes)
+    _one_of("dist.comm_backend", cfg.dist.comm_backend, ("auto", "gloo", "nccl"))
+    _one_of("profiler.mode", cfg.profiler.mode, PROFILER_MODES)
+    if cfg.profiler.warmup_steps < 0:
+        raise ConfigError("profiler.warmup_steps", cfg.profiler.warmup_steps, "an integer >= 0")

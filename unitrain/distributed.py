@@ -1,0 +1,73 @@
+"""DistributedContext: where this process sits in a job and how it talks to the others.
+
+The base class is the complete single-process context; a backend overrides what its
+collective library does differently once ``world_size > 1``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Iterator, TypeVar
+
+T = TypeVar("T")
+
+
+class DistributedContext:
+    #: Reduction operations accepted by :meth:`all_reduce`.
+    REDUCE_OPS = ("mean", "sum", "max", "min")
+
+    def __init__(self, device: str = "cpu", rank: int = 0, world_size: int = 1, local_rank: int = 0):
+        self.device, self.rank, self.world_size, self.local_rank = device, rank, world_size, local_rank
+        self._active = False
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+    # Life cycle: usable as ``with backend.distributed() as dist: ...``; the process group is
+    # released in ``teardown`` even when training raises, so sweeps never inherit one.
+    def setup(self) -> "DistributedContext":
+        self._active = True
+        return self
+
+    def teardown(self) -> None:
+        self._active = False
+
+    def __enter__(self) -> "DistributedContext":
+        return self.setup()
+
+    def __exit__(self, *exc) -> None:
+        self.teardown()
+
+    # Collectives. Single-process: identities.
+    def barrier(self) -> None:
+        pass
+
+    def all_reduce(self, value: T, op: str = "mean") -> T:
+        """Reduce a number or NumPy array over all ranks (for metrics); every rank gets the result."""
+        if op not in self.REDUCE_OPS:
+            raise ValueError(f"unknown reduce op {op!r}; available: {', '.join(self.REDUCE_OPS)}")
+        return value
+
+    def broadcast(self, obj: T, src: int = 0) -> T:
+        """Send a picklable Python object from rank ``src`` to every rank."""
+        return obj
+
+    # Wrapping for data parallelism. Single-process: unchanged.
+    def wrap_model(self, model: T) -> T:
+        return model
+
+    def wrap_optimizer(self, optimizer: T) -> T:
+        return optimizer
+
+    @contextlib.contextmanager
+    def no_sync(self, model: Any) -> Iterator[None]:
+        """Skip gradient synchronisation inside (non-final micro-steps of gradient accumulation)."""
+        yield
+
+    def describe(self) -> dict:
+        return {"rank": self.rank, "world_size": self.world_size, "local_rank": self.local_rank, "device": self.device}

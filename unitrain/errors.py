@@ -1,0 +1,32 @@
+"""Errors a user can act on: each renders as one line naming the problem and what is allowed."""
+
+
+class UnitrainError(Exception):
+    """Base class; the command line prints these as a single line and exits with status 2."""
+
+
+class ConfigError(UnitrainError):
+    """A config value that is well-typed but not allowed (Hydra already rejects wrong keys and types)."""
+
+    def __init__(self, key: str, value: object, allowed: str):
+        self.key, self.value, self.allowed = key, value, allowed
+        super().__init__(f"{key}={value!r} is not allowed: {allowed}")
+
+
+class UnknownNameError(UnitrainError, KeyError):
+    """A name looked up in a registry that does not hold it."""
+
+    def __init__(self, kind: str, name: str, available):
+        self.kind, self.name, self.available = kind, name, sorted(available)
+        super().__init__(f"unknown {kind} {name!r}; available: {', '.join(self.available)}")
+
+    # KeyError quotes its message; keep the readable one.
+    __str__ = Exception.__str__
+
+
+class BackendUnavailableError(UnitrainError, ImportError):
+    """The backend exists but its framework is not installed."""
+
+
+class NotImplementedYetError(UnitrainError, NotImplementedError):
+    """A documented option whose implementation has not landed yet."""
