@@ -52,15 +52,15 @@ class Backend(ABC):
     def precision(self, cfg: AmpConfig | None = None) -> MixedPrecision:
         return MixedPrecision(cfg)
 
-    def build_model(self, model: str | ResNetSpec, num_classes: int, device: str | None = None):
+    def build_model(self, model: str | ResNetSpec, num_classes: int, device: str | None = None, zero_init_residual: bool = True):
         """A ResNet from the shared specs (``"tiny"``, ``"resnet18"``, ``"resnet50"``), on ``device``."""
         spec = MODELS.get(model) if isinstance(model, str) else model
-        net = self._build_resnet(spec, num_classes)
+        net = self._build_resnet(spec, num_classes, zero_init_residual)
         # Both frameworks' layers have .to(device) returning the layer itself.
         return net.to(device) if device else net
 
     @abstractmethod
-    def _build_resnet(self, spec: ResNetSpec, num_classes: int): ...
+    def _build_resnet(self, spec: ResNetSpec, num_classes: int, zero_init_residual: bool): ...
 
     @abstractmethod
     def build_optimizer(self, model, cfg: OptimConfig | None = None):

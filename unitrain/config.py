@@ -56,8 +56,11 @@ class AmpConfig:
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    # Where initial weights come from: each framework's own initialisers ("framework").
+    # Where initial weights come from: "framework" draws them with each framework's own RNG,
+    # using one init scheme (Kaiming fan-out convs, unit BatchNorm) on both.
     init: str = "framework"
+    # Zero the last BatchNorm scale of each residual branch, so every block starts as the identity.
+    zero_init_residual: bool = True
 
 
 @dataclass
@@ -94,7 +97,7 @@ class OptimConfig:
 @dataclass
 class TrainerConfig:
     # Batches per epoch (the seed's batch_num); None runs each epoch to the end of the data.
-    steps: Optional[int] = 20
+    steps: Optional[int] = 50
     epochs: int = 1
     batch_size: int = 16
     # None: every core this process may use. Applied identically to both frameworks.

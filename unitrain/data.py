@@ -47,7 +47,7 @@ class SyntheticDataset:
 class LearnableDataset(SyntheticDataset):
     """Synthetic images carrying a class-dependent pattern under noise, so accuracy visibly rises."""
 
-    # Pattern amplitude against unit noise: learnable in a few hundred CPU steps, not trivially.
+    # Pattern amplitude against unit-variance noise: learned within tens to hundreds of CPU steps, not at once.
     signal = 1.0
 
     def __init__(self, num_samples: int, image_size: int = 32, num_classes: int = 10, seed: int = 0):

@@ -49,8 +49,8 @@ class PaddleBackend(Backend):
     def precision(self, cfg: AmpConfig | None = None):
         return precision.make_precision(cfg or AmpConfig())
 
-    def _build_resnet(self, spec: ResNetSpec, num_classes: int) -> models.ResNet:
-        return models.ResNet(spec, num_classes)
+    def _build_resnet(self, spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -> models.ResNet:
+        return models.ResNet(spec, num_classes, zero_init_residual)
 
     def build_optimizer(self, model, cfg: OptimConfig | None = None):
         return optim.build_optimizer(model, cfg or OptimConfig())
@@ -68,4 +68,6 @@ class PaddleBackend(Backend):
         return tensor.detach().astype("float32").numpy()
 
     def num_parameters(self, model) -> int:
-        return sum(math.prod(p.shape) for p in model.parameters())
+        # Paddle keeps BatchNorm running statistics as parameters with stop_gradient set;
+        # count trainable ones only, as torch (where they are buffers) does.
+        return sum(math.prod(p.shape) for p in model.parameters() if not p.stop_gradient)

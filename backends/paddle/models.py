@@ -23,6 +23,10 @@ class BasicBlock(nn.Layer):
         self.relu = nn.ReLU()
         self.downsample = _downsample(cin, width * self.expansion, stride)
 
+    @property
+    def last_bn(self) -> nn.BatchNorm2D:
+        return self.bn2
+
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
@@ -42,6 +46,10 @@ class BottleneckBlock(nn.Layer):
         self.relu = nn.ReLU()
         self.downsample = _downsample(cin, width * self.expansion, stride)
 
+    @property
+    def last_bn(self) -> nn.BatchNorm2D:
+        return self.bn3
+
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
@@ -57,7 +65,7 @@ def _downsample(cin: int, cout: int, stride: int) -> nn.Sequential | None:
 
 
 class ResNet(nn.Layer):
-    def __init__(self, spec: ResNetSpec, num_classes: int):
+    def __init__(self, spec: ResNetSpec, num_classes: int, zero_init_residual: bool = True):
         super().__init__()
         block = BottleneckBlock if spec.block == "bottleneck" else BasicBlock
         self.conv1, self.bn1 = _conv_bn(3, spec.width, 7, stride=2)
@@ -72,6 +80,23 @@ class ResNet(nn.Layer):
             setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
         self.avgpool = nn.AdaptiveAvgPool2D(1)
         self.fc = nn.Linear(spec.feature_dim, num_classes)
+        self._init_weights(zero_init_residual)
+
+    def _init_weights(self, zero_init_residual: bool) -> None:
+        # The init scheme both backends share (torchvision's): Kaiming fan-out convs, unit BN.
+        for m in self.sublayers():
+            if isinstance(m, nn.Conv2D):
+                fan_out = m.weight.shape[0] * m.weight.shape[2] * m.weight.shape[3]
+                nn.initializer.KaimingNormal(fan_in=fan_out, nonlinearity="relu")(m.weight)
+            elif isinstance(m, nn.BatchNorm2D):
+                nn.initializer.Constant(1.0)(m.weight)
+                nn.initializer.Constant(0.0)(m.bias)
+        if zero_init_residual:
+            # Each residual branch starts as the identity; without it ResNet50 at small
+            # batches and lr 0.1 diverges in its first steps (Goyal et al., 2017).
+            for m in self.sublayers():
+                if isinstance(m, (BasicBlock, BottleneckBlock)):
+                    nn.initializer.Constant(0.0)(m.last_bn.weight)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))

@@ -43,8 +43,8 @@ class TorchBackend(Backend):
     def precision(self, cfg: AmpConfig | None = None):
         return precision.make_precision(cfg or AmpConfig())
 
-    def _build_resnet(self, spec: ResNetSpec, num_classes: int) -> models.ResNet:
-        return models.ResNet(spec, num_classes)
+    def _build_resnet(self, spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -> models.ResNet:
+        return models.ResNet(spec, num_classes, zero_init_residual)
 
     def build_optimizer(self, model, cfg: OptimConfig | None = None):
         return optim.build_optimizer(model, cfg or OptimConfig())

@@ -22,6 +22,10 @@ class BasicBlock(nn.Module):
         self.relu = nn.ReLU()
         self.downsample = _downsample(cin, width * self.expansion, stride)
 
+    @property
+    def last_bn(self) -> nn.BatchNorm2d:
+        return self.bn2
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
@@ -41,6 +45,10 @@ class BottleneckBlock(nn.Module):
         self.relu = nn.ReLU()
         self.downsample = _downsample(cin, width * self.expansion, stride)
 
+    @property
+    def last_bn(self) -> nn.BatchNorm2d:
+        return self.bn3
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
@@ -56,7 +64,7 @@ def _downsample(cin: int, cout: int, stride: int) -> nn.Sequential | None:
 
 
 class ResNet(nn.Module):
-    def __init__(self, spec: ResNetSpec, num_classes: int):
+    def __init__(self, spec: ResNetSpec, num_classes: int, zero_init_residual: bool = True):
         super().__init__()
         block = BottleneckBlock if spec.block == "bottleneck" else BasicBlock
         self.conv1, self.bn1 = _conv_bn(3, spec.width, 7, stride=2)
@@ -71,6 +79,22 @@ class ResNet(nn.Module):
             setattr(self, f"layer{i + 1}", nn.Sequential(*blocks))
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(spec.feature_dim, num_classes)
+        self._init_weights(zero_init_residual)
+
+    def _init_weights(self, zero_init_residual: bool) -> None:
+        # The init scheme both backends share (torchvision's): Kaiming fan-out convs, unit BN.
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+        if zero_init_residual:
+            # Each residual branch starts as the identity; without it ResNet50 at small
+            # batches and lr 0.1 diverges in its first steps (Goyal et al., 2017).
+            for m in self.modules():
+                if isinstance(m, (BasicBlock, BottleneckBlock)):
+                    nn.init.zeros_(m.last_bn.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))

@@ -1,0 +1,42 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+
+# Small and quick: a tiny ResNet on small images, two threads (this machine's cores).
+FAST = ["model=tiny", "data.image_size=16", "trainer.threads=2", "trainer.progress=false"]
+BACKENDS = ["paddle", "torch"]
+
+
+class CliResult:
+    def __init__(self, proc: subprocess.CompletedProcess, run_dir: Path):
+        self.returncode, self.stdout, self.stderr, self.run_dir = proc.returncode, proc.stdout, proc.stderr, run_dir
+
+    def summary(self) -> dict:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+    def metrics(self) -> List[dict]:
+        return [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def run_unitrain(args: List[str], tmp_path: Path, module: str = "unitrain", timeout: int = 300) -> CliResult:
+    """Run ``python -m unitrain`` as a user would, from outside the source tree, into tmp_path."""
+    run_dir = tmp_path / "run"
+    hydra_dirs = [f"hydra.run.dir={run_dir}", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args, *hydra_dirs],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    return CliResult(proc, run_dir)
+
+
+@pytest.fixture
+def unitrain_cli(tmp_path):
+    return lambda *args, **kw: run_unitrain(list(args), tmp_path, **kw)

@@ -1,0 +1,92 @@
+"""The Hydra config: every group composes, typed schemas reject wrong keys and types, values are checked."""
+
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.errors import ConfigCompositionException
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from unitrain.app import check_group_choices, group_options
+from unitrain.config import register_configs, validate
+from unitrain.errors import ConfigError
+
+register_configs()
+
+
+def make(*overrides: str):
+    with initialize_config_module(version_base=None, config_module="unitrain.conf"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def test_required_groups_and_options_exist():
+    options = group_options()
+    assert options["backend"] == ["paddle", "torch"]
+    assert options["amp"] == ["O0", "O1", "O2", "O3"]
+    assert set(options["model"]) >= {"resnet50", "resnet18", "tiny"}
+    assert set(options["data"]) >= {"synthetic", "learnable", "imagefolder"}
+    for group in ("optim", "trainer", "dist", "profiler", "experiment"):
+        assert options[group], group
+
+
+@pytest.mark.parametrize(
+    "group,option",
+    [(g, o) for g, opts in group_options().items() for o in opts],
+)
+def test_every_option_composes_and_validates(group, option, tmp_path):
+    extra = [f"data.path={tmp_path}"] if option == "imagefolder" else []
+    cfg = make(f"{group}={option}", *extra)
+    validate(cfg)
+    if group in ("backend", "model", "data"):
+        assert cfg[group].name == option
+    if group == "amp":
+        assert cfg.amp.level == option
+
+
+def test_defaults_are_the_documented_job():
+    cfg = make()
+    assert (cfg.backend.name, cfg.model.name, cfg.data.name, cfg.amp.level) == ("torch", "resnet50", "learnable", "O0")
+    assert cfg.dist.nproc_per_node == 1 and cfg.trainer.threads is None
+    assert (cfg.optim.lr, cfg.optim.momentum, cfg.optim.weight_decay) == (0.1, 0.9, 1e-4)
+
+
+def test_seed_experiment_is_one_choice_away():
+    cfg = make("experiment=seed_resnet50")
+    assert cfg.model.name == "resnet50" and cfg.data.name == "synthetic"
+    assert (cfg.data.image_size, cfg.data.num_classes, cfg.trainer.batch_size, cfg.trainer.steps) == (224, 102, 32, 100)
+
+
+def test_unknown_key_fails_at_compose():
+    with pytest.raises((ConfigCompositionException, ConfigKeyError)):
+        make("trainer.stepz=3")
+
+
+def test_wrong_type_fails_at_compose():
+    with pytest.raises((ConfigCompositionException, ValidationError)):
+        make("trainer.steps=many")
+
+
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("optim.lr=0", "optim.lr"),
+        ("optim.lr=-0.1", "optim.lr"),
+        ("trainer.batch_size=0", "trainer.batch_size"),
+        ("amp.dtype=float8", "amp.dtype"),
+        ("model.name=vgg", "model.name"),
+        ("data.num_workers=-1", "data.num_workers"),
+        ("profiler.mode=verbose", "profiler.mode"),
+    ],
+)
+def test_validate_names_the_key_and_what_is_allowed(override, key):
+    with pytest.raises(ConfigError) as err:
+        validate(make(override))
+    message = str(err.value)
+    assert message.startswith(key + "=") and "allowed" in message and "\n" not in message
+
+
+def test_group_choice_check_lists_options():
+    assert check_group_choices(["backend=torch", "model=tiny", "trainer.steps=3"]) is None
+    assert check_group_choices(["-m", "backend=paddle,torch"]) is None
+    problem = check_group_choices(["-m", "backend=paddle,mxnet"])
+    assert problem == "backend='mxnet' is not allowed: one of paddle, torch"

@@ -1,0 +1,48 @@
+"""The same ResNet architecture on both frameworks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import unitrain
+
+# Parameter counts of the reference torchvision models (1000 classes), an outside yardstick
+# for "this really is ResNet18/ResNet50".
+REFERENCE_PARAMS = {"resnet18": 11_689_512, "resnet50": 25_557_032}
+
+
+@pytest.mark.parametrize("backend", ["paddle", "torch"])
+@pytest.mark.parametrize("name", ["resnet18", "resnet50"])
+def test_parameter_count_matches_reference(backend, name):
+    b = unitrain.get_backend(backend)
+    assert b.num_parameters(b.build_model(name, num_classes=1000)) == REFERENCE_PARAMS[name]
+
+
+@pytest.mark.parametrize("name", ["tiny", "resnet18", "resnet50"])
+def test_same_parameter_names_and_shapes_on_both_frameworks(name):
+    paddle_model = unitrain.get_backend("paddle").build_model(name, num_classes=7)
+    torch_model = unitrain.get_backend("torch").build_model(name, num_classes=7)
+    paddle_shapes = {k: tuple(v.shape) for k, v in paddle_model.named_parameters() if not v.stop_gradient}
+    torch_shapes = {k: tuple(v.shape) for k, v in torch_model.named_parameters()}
+    assert paddle_shapes.keys() == torch_shapes.keys()
+    for key, shape in torch_shapes.items():
+        # Linear weights are stored [in, out] by paddle and [out, in] by torch.
+        expected = shape[::-1] if key.endswith("fc.weight") else shape
+        assert paddle_shapes[key] == expected, key
+
+
+@pytest.mark.parametrize("backend", ["paddle", "torch"])
+def test_forward_gives_logits_per_class(backend):
+    b = unitrain.get_backend(backend)
+    model = b.build_model("tiny", num_classes=5, device="cpu")
+    loader = b.make_loader(unitrain.SyntheticDataset(6, image_size=16, num_classes=5), [[0, 1, 2], [3, 4, 5]])
+    images, labels = next(iter(loader))
+    logits = b.to_numpy(model(images))
+    assert logits.shape == (3, 5) and np.isfinite(logits).all()
+    assert b.to_numpy(labels).tolist() == [unitrain.SyntheticDataset(6, 16, 5)[i][1] for i in range(3)]
+
+
+def test_unknown_model_lists_the_available_ones():
+    with pytest.raises(unitrain.UnknownNameError, match="available: resnet18, resnet50, tiny"):
+        unitrain.get_backend("torch").build_model("vgg16", num_classes=10)
