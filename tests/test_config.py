@@ -47,7 +47,12 @@ def test_defaults_are_the_documented_job():
     cfg = make()
     assert (cfg.backend.name, cfg.model.name, cfg.data.name, cfg.amp.level) == ("torch", "resnet50", "learnable", "O0")
     assert cfg.dist.nproc_per_node == 1 and cfg.trainer.threads is None
-    assert (cfg.optim.lr, cfg.optim.momentum, cfg.optim.weight_decay) == (0.1, 0.9, 1e-4)
+    # The seed's optimizer in the optim group; the small default job lowers only the lr.
+    assert (cfg.optim.lr, cfg.optim.momentum, cfg.optim.weight_decay) == (0.02, 0.9, 1e-4)
+    assert make("experiment=seed_resnet50").optim.lr == 0.1
+    from unitrain.config import OptimConfig
+
+    assert (OptimConfig.lr, OptimConfig.momentum, OptimConfig.weight_decay) == (0.1, 0.9, 1e-4)
 
 
 def test_seed_experiment_is_one_choice_away():

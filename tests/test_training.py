@@ -1,0 +1,65 @@
+"""Both backends train through `python -m unitrain`, as a user runs it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from conftest import BACKENDS, FAST
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_tiny_model_learns_on_learnable_data(backend, unitrain_cli):
+    result = unitrain_cli(f"backend={backend}", *FAST, "trainer.steps=30", "optim.lr=0.05")
+    assert result.returncode == 0, result.stderr
+    records = result.metrics()
+    assert [r["step"] for r in records] == list(range(1, 31))
+    first = sum(r["loss"] for r in records[:3]) / 3
+    last = sum(r["loss"] for r in records[-5:]) / 5
+    assert last < 0.5 * first, (first, last)
+    assert sum(r["top1"] for r in records[-5:]) / 5 > 0.5
+
+    summary = result.summary()
+    assert summary["backend"] == backend and summary["framework"] == {"paddle": "paddlepaddle", "torch": "torch"}[backend]
+    assert summary["steps"] == 30 and summary["model"] == "tiny" and summary["device"] == "cpu"
+    assert summary["precision"]["requested"] == "O0 float32" and summary["precision"]["effective"] == "fp32"
+    assert summary["threads"] == 2
+    assert summary["throughput"]["samples_per_s"] > 0
+    assert math.isclose(summary["final"]["loss"], sum(r["loss"] for r in records[-10:]) / 10)
+    # The table a user came for, printed at the end.
+    assert f"| {backend} | tiny | fp32 | 2 |" in result.stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_per_step_metrics_hold_what_the_issue_lists(backend, unitrain_cli):
+    result = unitrain_cli(f"backend={backend}", *FAST, "trainer.steps=4", "optim.lr=0.1", "optim.warmup_steps=4")
+    assert result.returncode == 0, result.stderr
+    records = result.metrics()
+    for key in ("loss", "top1", "top5", "lr", "reader_cost", "batch_cost", "ips", "epoch", "step"):
+        assert key in records[0], key
+    assert [r["lr"] for r in records] == pytest.approx([0.025, 0.05, 0.075, 0.1])
+    assert all(0 <= r["top1"] <= r["top5"] <= 1 for r in records)
+    assert all(r["batch_cost"] >= r["reader_cost"] >= 0 for r in records)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_thread_count_is_applied(backend, unitrain_cli):
+    result = unitrain_cli(f"backend={backend}", *FAST, "trainer.steps=2", "trainer.threads=1")
+    assert result.returncode == 0, result.stderr
+    assert result.summary()["threads"] == 1
+
+
+def test_epochs_and_imagefolder(unitrain_cli, tmp_path):
+    from test_data import _write_images
+
+    _write_images(tmp_path / "images", ["a", "b"], 5)
+    result = unitrain_cli(
+        "backend=torch", *FAST, "data=imagefolder", f"data.path={tmp_path / 'images'}", "data.image_size=16",
+        "trainer.batch_size=4", "trainer.steps=null", "trainer.epochs=2",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    records = result.metrics()
+    # 10 images, batch 4, drop_last: 2 batches per epoch.
+    assert [(r["epoch"], r["step"]) for r in records] == [(0, 1), (0, 2), (1, 3), (1, 4)]
+    assert result.summary()["num_classes"] == 2

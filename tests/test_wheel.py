@@ -1,0 +1,52 @@
+"""A wheel built from the repo installs into a fresh venv and runs from outside the source tree."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sh(*cmd, cwd, timeout=900):
+    proc = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    return proc
+
+
+@pytest.mark.slow
+def test_wheel_in_fresh_venv_runs_outside_source_tree(tmp_path):
+    built = sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", tmp_path / "dist", REPO, cwd=tmp_path)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = (tmp_path / "dist").glob("unitrain-*.whl")
+
+    venv = tmp_path / "venv"
+    assert sh(sys.executable, "-m", "venv", venv, cwd=tmp_path).returncode == 0
+    python = venv / "bin" / "python"
+    # Only the torch extra: the paddle backend must then say which extra is missing.
+    installed = sh(python, "-m", "pip", "install", "--quiet", f"{wheel}[torch]", cwd=tmp_path)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    where = sh(python, "-c", "import unitrain, unitrain.backends.torch as b; print(unitrain.__file__, b.__file__)", cwd=work)
+    assert str(venv) in where.stdout and str(REPO) not in where.stdout, where.stdout + where.stderr
+
+    run = sh(
+        python, "-m", "unitrain", "backend=torch", "model=tiny", "data.image_size=16", "trainer.steps=3",
+        "trainer.threads=2", "trainer.progress=false", "hydra.run.dir=out", cwd=work,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads((work / "out" / "summary.json").read_text())
+    assert summary["backend"] == "torch" and summary["steps"] == 3
+    assert "| torch | tiny |" in run.stdout
+
+    missing = sh(python, "-m", "unitrain", "backend=paddle", "model=tiny", "hydra.run.dir=out2", cwd=work)
+    assert missing.returncode == 2
+    assert missing.stderr.strip().splitlines()[-1] == (
+        "unitrain: error: backend 'paddle' needs the 'paddle' framework, which is not installed; "
+        "install it with: pip install 'unitrain[paddle]'"
+    )
