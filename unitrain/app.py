@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from importlib import resources
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -13,52 +12,32 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 from omegaconf import DictConfig
 
-from unitrain.backend import get_backend
 from unitrain.config import register_configs, validate
-from unitrain.errors import NotImplementedYetError, UnitrainError
+from unitrain.errors import UnitrainError
+from unitrain.launch import launch
 from unitrain.report import markdown_table
-from unitrain.trainer import Trainer
+from unitrain.trainer import train
 
 register_configs()
 
 
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def apply_threads(threads: int | None) -> int:
-    """Resolve ``trainer.threads`` and export it for OpenMP/MKL, which read it when they load.
-
-    Frameworks default to different thread counts (paddle ran ~1.7x slower than it could here),
-    so both get the same explicit number; the backend also sets it through its own API.
-    """
-    threads = threads or available_cores()
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ[var] = str(threads)
-    return threads
-
-
-def run(cfg: DictConfig) -> Dict[str, Any]:
+def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     """One job: validate, pick the backend, train, print the table. Errors become one line."""
+    run_dir = HydraConfig.get().runtime.output_dir
     try:
         validate(cfg)
         if cfg.dist.nproc_per_node * cfg.dist.nnodes > 1:
-            raise NotImplementedYetError(
-                f"dist.nproc_per_node={cfg.dist.nproc_per_node} dist.nnodes={cfg.dist.nnodes}: launching data-parallel "
-                "workers is not implemented yet (issue #3); available now: dist.nproc_per_node=1 dist.nnodes=1"
-            )
-        threads = apply_threads(cfg.trainer.threads)
-        backend = get_backend(cfg.backend.name)
-        summary = Trainer(cfg, backend, HydraConfig.get().runtime.output_dir, threads).fit()
+            summary = launch(cfg, run_dir)
+        else:
+            summary = train(cfg, run_dir)
     except UnitrainError as err:
         print(f"unitrain: error: {err}", file=sys.stderr, flush=True)
-        sys.exit(2)
-    if HydraConfig.get().mode.name == "RUN":
-        summary["run_dir"] = HydraConfig.get().runtime.output_dir
-        print("\n" + markdown_table([summary]) + f"\n\nrun directory: {summary['run_dir']}", flush=True)
+        sys.exit(getattr(err, "exit_code", 2))
+    if summary is None:
+        print(f"node {cfg.dist.node_rank} finished; node 0 holds the summary", flush=True)
+    elif HydraConfig.get().mode.name == "RUN":
+        summary["run_dir"] = run_dir
+        print("\n" + markdown_table([summary]) + f"\n\nrun directory: {run_dir}", flush=True)
     return summary
 
 

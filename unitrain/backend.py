@@ -82,7 +82,16 @@ class Backend(ABC):
     def to_numpy(self, tensor): ...
 
     @abstractmethod
-    def num_parameters(self, model) -> int: ...
+    def num_parameters(self, model) -> int:
+        """Trainable parameters (BatchNorm running statistics are not counted)."""
+
+    @abstractmethod
+    def parameter_arrays(self, model) -> Dict[str, Any]:
+        """Trainable parameters as NumPy arrays, by name (the names line up across backends)."""
+
+    @abstractmethod
+    def freeze_batchnorm(self, model) -> None:
+        """Put BatchNorm layers in inference mode: running statistics used, not updated."""
 
     def describe(self) -> Dict[str, Any]:
         return {"backend": self.name, "framework": self.package, "version": self.version(), "threads": self.threads()}

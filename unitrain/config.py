@@ -61,6 +61,9 @@ class ModelConfig:
     init: str = "framework"
     # Zero the last BatchNorm scale of each residual branch, so every block starts as the identity.
     zero_init_residual: bool = True
+    # BatchNorm uses its running statistics and does not update them (its scale and shift still
+    # train): the results then do not depend on how a batch is split across devices.
+    freeze_bn: bool = False
 
 
 @dataclass
@@ -91,14 +94,19 @@ class OptimConfig:
     # step schedule: multiply by gamma every step_size steps.
     step_size: int = 30
     gamma: float = 0.1
+    # How batch and lr follow the number of devices K (and accumulation steps A):
+    # linear: per-device batch kept, global batch = batch_size*K*A, lr scaled by K*A;
+    # keep_global: global batch = batch_size, per-device batch = batch_size/(K*A), lr unchanged.
     lr_scaling: str = "linear"
 
 
 @dataclass
 class TrainerConfig:
-    # Batches per epoch (the seed's batch_num); None runs each epoch to the end of the data.
+    # Batches per epoch (the seed's batch_num), i.e. optimizer steps; with accumulation each
+    # batch is accumulate_steps micro-batches. None runs each epoch to the end of the data.
     steps: Optional[int] = 50
     epochs: int = 1
+    # Per device (optim.lr_scaling=linear) or for the whole job (optim.lr_scaling=keep_global).
     batch_size: int = 16
     # None: every core this process may use. Applied identically to both frameworks.
     threads: Optional[int] = None
@@ -106,6 +114,8 @@ class TrainerConfig:
     log_every: int = 10
     progress: bool = True
     accumulate_steps: int = 1
+    # Write every rank's final parameters as NumPy (final_weights.rank<r>.npz) into the run dir.
+    save_final_weights: bool = False
     checkpoint_every: int = 0
     resume: Optional[str] = None
 
@@ -116,6 +126,7 @@ class DistConfig:
     nnodes: int = 1
     node_rank: int = 0
     master_addr: str = "127.0.0.1"
+    # None: a free port on this machine (single node only; several nodes must agree on one).
     master_port: Optional[int] = None
     # auto: gloo on CPU, nccl on GPU.
     comm_backend: str = "auto"
@@ -204,6 +215,18 @@ def validate(cfg: UnitrainConfig | Any) -> None:
     _positive("trainer.accumulate_steps", cfg.trainer.accumulate_steps)
     _positive("dist.nproc_per_node", cfg.dist.nproc_per_node)
     _positive("dist.nnodes", cfg.dist.nnodes)
+    if not 0 <= cfg.dist.node_rank < cfg.dist.nnodes:
+        raise ConfigError("dist.node_rank", cfg.dist.node_rank, f"an integer in [0, {cfg.dist.nnodes}) (dist.nnodes={cfg.dist.nnodes})")
+    if cfg.dist.nnodes > 1 and cfg.dist.master_port is None:
+        raise ConfigError("dist.master_port", None, "a port number that every node uses, when dist.nnodes > 1")
+    if cfg.dist.master_port is not None and not 0 < cfg.dist.master_port < 65536:
+        raise ConfigError("dist.master_port", cfg.dist.master_port, "a port number in 1..65535")
+    world = cfg.dist.nproc_per_node * cfg.dist.nnodes * cfg.trainer.accumulate_steps
+    if cfg.optim.lr_scaling == "keep_global" and cfg.trainer.batch_size % world:
+        raise ConfigError(
+            "trainer.batch_size", cfg.trainer.batch_size,
+            f"a multiple of {world} (processes x accumulate_steps) with optim.lr_scaling=keep_global",
+        )  # fmt: skip
     _one_of("dist.comm_backend", cfg.dist.comm_backend, ("auto", "gloo", "nccl"))
     _one_of("profiler.mode", cfg.profiler.mode, PROFILER_MODES)
     if cfg.profiler.warmup_steps < 0:

@@ -19,6 +19,9 @@ class DistributedContext:
     def __init__(self, device: str = "cpu", rank: int = 0, world_size: int = 1, local_rank: int = 0):
         self.device, self.rank, self.world_size, self.local_rank = device, rank, world_size, local_rank
         self._active = False
+        # Set when the ``with`` block ends by an exception: peers may be gone, so teardown
+        # must not wait on them (a barrier or a collective destroy would hang).
+        self.failed = False
 
     @property
     def is_main_process(self) -> bool:
@@ -40,7 +43,8 @@ class DistributedContext:
     def __enter__(self) -> "DistributedContext":
         return self.setup()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.failed = exc_type is not None
         self.teardown()
 
     # Collectives. Single-process: identities.
@@ -64,10 +68,20 @@ class DistributedContext:
     def wrap_optimizer(self, optimizer: T) -> T:
         return optimizer
 
+    def unwrap_model(self, model: Any) -> Any:
+        """The user's model inside whatever :meth:`wrap_model` put around it."""
+        return model
+
     @contextlib.contextmanager
     def no_sync(self, model: Any) -> Iterator[None]:
         """Skip gradient synchronisation inside (non-final micro-steps of gradient accumulation)."""
         yield
 
     def describe(self) -> dict:
-        return {"rank": self.rank, "world_size": self.world_size, "local_rank": self.local_rank, "device": self.device}
+        return {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "local_rank": self.local_rank,
+            "device": self.device,
+            "comm_backend": getattr(self, "comm_backend", None) if self.is_distributed else None,
+        }

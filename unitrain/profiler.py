@@ -48,7 +48,8 @@ class Profiler:
                 batch = next(iterator)
             except StopIteration:
                 return
-            self._reader_cost = time.perf_counter() - start
+            # Summed: with gradient accumulation one step reads several micro-batches.
+            self._reader_cost += time.perf_counter() - start
             yield batch
 
     def step(self, num_samples: int) -> StepTime:

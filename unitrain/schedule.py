@@ -1,10 +1,38 @@
-"""Learning-rate schedules as pure functions of the step, so both backends follow one curve."""
+"""Batch sizes and learning rates: how the configured batch maps onto devices and steps.
+
+Pure functions of the config, so both backends follow one curve.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
 
-from unitrain.config import OptimConfig
+from unitrain.config import OptimConfig, UnitrainConfig
+
+
+@dataclass(frozen=True)
+class BatchPlan:
+    micro_batch: int  # samples per device in one forward/backward
+    accumulate_steps: int
+    world_size: int
+    global_batch: int  # samples per optimizer step, all devices together
+    lr: float  # base learning rate after scaling
+
+    @classmethod
+    def from_config(cls, cfg: UnitrainConfig, world_size: int) -> "BatchPlan":
+        """``optim.lr_scaling=linear`` keeps the per-device batch and scales the lr with the
+        global batch (Goyal et al.); ``keep_global`` splits the global batch and keeps the lr."""
+        accumulate = cfg.trainer.accumulate_steps
+        factor = world_size * accumulate
+        if cfg.optim.lr_scaling == "linear":
+            micro, lr = cfg.trainer.batch_size, cfg.optim.lr * factor
+        else:
+            micro, lr = cfg.trainer.batch_size // factor, cfg.optim.lr
+        return cls(micro, accumulate, world_size, micro * factor, lr)
+
+    def describe(self) -> dict:
+        return asdict(self)
 
 
 def lr_at(step: int, total_steps: int, cfg: OptimConfig, base_lr: float | None = None) -> float:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict
+
+import numpy as np
 
 from unitrain import __version__
-from unitrain.backend import Backend
+from unitrain.backend import Backend, get_backend
 from unitrain.config import UnitrainConfig
 from unitrain.data import build_dataset
 from unitrain.errors import ConfigError
@@ -17,9 +20,17 @@ from unitrain.metrics import MetricsLog, topk_accuracy
 from unitrain.profiler import Profiler
 from unitrain.progress import StepProgress
 from unitrain.sampler import DistributedBatchSampler
-from unitrain.schedule import lr_at
+from unitrain.schedule import BatchPlan, lr_at
+from unitrain.threads import export_threads, resolve_threads
 
 log = logging.getLogger("unitrain")
+
+
+def train(cfg: UnitrainConfig, run_dir: str | Path) -> Dict[str, Any]:
+    """One process's share of a job: threads, backend, loop. Single-process runs and workers alike."""
+    threads = resolve_threads(cfg.trainer.threads, cfg.dist.nproc_per_node)
+    export_threads(threads)  # before get_backend imports the framework
+    return Trainer(cfg, get_backend(cfg.backend.name), run_dir, threads).fit()
 
 
 class Trainer:
@@ -35,22 +46,25 @@ class Trainer:
         backend.seed(cfg.trainer.seed)
         with backend.distributed(cfg.dist, cfg.backend.device) as dist:
             precision = backend.precision(cfg.amp)
-            batch = cfg.trainer.batch_size
+            plan = BatchPlan.from_config(cfg, dist.world_size)
+            accumulate = plan.accumulate_steps
             steps = cfg.trainer.steps
-            dataset = build_dataset(cfg.data, default_size=(steps or 1) * batch * dist.world_size, seed=cfg.trainer.seed)
+            dataset = build_dataset(cfg.data, default_size=(steps or 1) * plan.global_batch, seed=cfg.trainer.seed)
             sampler = DistributedBatchSampler(
-                len(dataset), batch, dist.world_size, dist.rank, cfg.data.shuffle, cfg.trainer.seed,
+                len(dataset), plan.micro_batch, dist.world_size, dist.rank, cfg.data.shuffle, cfg.trainer.seed,
                 cfg.data.drop_last, cfg.data.remainder, cfg.data.order,
             )  # fmt: skip
-            if len(sampler) == 0:
+            batches_per_epoch = len(sampler) // accumulate
+            if batches_per_epoch == 0:
                 raise ConfigError(
-                    "trainer.batch_size", batch,
-                    f"at most {sampler.per_replica} (samples per process in a dataset of {len(dataset)}) "
-                    "with data.drop_last=true; use a smaller batch or data.drop_last=false",
+                    "trainer.batch_size", cfg.trainer.batch_size,
+                    f"at most {sampler.per_replica // accumulate} per device and micro-step (each of {dist.world_size} "
+                    f"process(es) gets {sampler.per_replica} of {len(dataset)} samples) with data.drop_last=true; "
+                    "use a smaller batch or data.drop_last=false",
                 )  # fmt: skip
-            steps_per_epoch = min(steps or len(sampler), len(sampler))
-            if steps and steps > len(sampler):
-                log.warning("trainer.steps=%d but the data holds %d batches per epoch: running %d", steps, len(sampler), len(sampler))
+            steps_per_epoch = min(steps or batches_per_epoch, batches_per_epoch)
+            if steps and steps > batches_per_epoch:
+                log.warning("trainer.steps=%d but the data holds %d batches per epoch: running %d", steps, batches_per_epoch, batches_per_epoch)
             total_steps = steps_per_epoch * cfg.trainer.epochs
             num_classes = getattr(dataset, "num_classes", cfg.data.num_classes)
 
@@ -66,28 +80,41 @@ class Trainer:
                 total_steps, f"{backend.name} {cfg.model.name}", dist.is_main_process and cfg.trainer.progress, cfg.trainer.log_every
             )
             log.info(
-                "%s %s on %s, %d thread(s), %s, %d steps of batch %d",
-                backend.package, backend.version(), dist.device, self.threads, precision.requested, total_steps, batch,
+                "%s %s on %s (rank %d of %d), %d thread(s), %s, %d steps of %d samples (%d per device x %d micro-steps), lr %g",
+                backend.package, backend.version(), dist.device, dist.rank, dist.world_size, self.threads,
+                precision.requested, total_steps, plan.global_batch, plan.micro_batch, accumulate, plan.lr,
             )  # fmt: skip
             started = time.perf_counter()
-            step = 0
+            step, micro, sums = 0, 0, np.zeros(3)
             model.train()
+            if cfg.model.freeze_bn:
+                backend.freeze_batchnorm(model)
             try:
                 for epoch in range(cfg.trainer.epochs):
                     sampler.set_epoch(epoch)
                     for images, labels in profiler.timed(loader):
-                        lr = lr_at(step, total_steps, cfg.optim)
-                        backend.set_lr(optimizer, lr)
-                        with precision.autocast():
-                            logits = model(images)
-                            loss = backend.loss(logits, labels)
-                        precision.backward(loss)
+                        if micro == 0:
+                            lr = lr_at(step, total_steps, cfg.optim, plan.lr)
+                            backend.set_lr(optimizer, lr)
+                        micro += 1
+                        # Gradients are averaged across ranks only on the last micro-step.
+                        sync = contextlib.nullcontext() if micro == accumulate else dist.no_sync(model)
+                        with sync:
+                            with precision.autocast():
+                                logits = model(images)
+                                loss = backend.loss(logits, labels)
+                            precision.backward(loss / accumulate if accumulate > 1 else loss)
+                        # Reading values back also waits for the device, so the step time is honest.
+                        sums += (float(backend.to_numpy(loss)), *topk_accuracy(backend.to_numpy(logits), backend.to_numpy(labels)))
+                        if micro < accumulate:
+                            continue
                         precision.step(optimizer)
                         optimizer.zero_grad()
-                        # Reading values back also waits for the device, so the step time is honest.
-                        top1, top5 = topk_accuracy(backend.to_numpy(logits), backend.to_numpy(labels))
-                        record = {"epoch": epoch, "step": step + 1, "loss": float(backend.to_numpy(loss)), "top1": top1, "top5": top5, "lr": lr}
-                        timing = profiler.step(len(labels))
+                        # Logged values are means over all ranks and micro-steps, not rank 0's alone.
+                        loss_value, top1, top5 = dist.all_reduce(sums / accumulate, "mean")
+                        micro, sums = 0, np.zeros(3)
+                        timing = profiler.step(plan.global_batch)
+                        record = {"epoch": epoch, "step": step + 1, "loss": loss_value, "top1": top1, "top5": top5, "lr": lr}
                         record.update(reader_cost=timing.reader_cost, batch_cost=timing.batch_cost, ips=timing.ips)
                         record.update(precision.metrics())
                         metrics.append(record)
@@ -100,34 +127,49 @@ class Trainer:
                 metrics.close()
             wall = time.perf_counter() - started
 
-            summary = self._summary(dist, precision, metrics.records, metrics.final(), profiler, wall, num_classes, len(dataset))
-            summary["num_parameters"] = backend.num_parameters(model)
+            in_sync = self._check_ranks_in_sync(dist, dist.unwrap_model(model))
+            summary = self._summary(dist, precision, plan, metrics, profiler, wall, num_classes, len(dataset))
+            summary.update(num_parameters=backend.num_parameters(dist.unwrap_model(model)), ranks_in_sync=in_sync)
             if dist.is_main_process:
                 log.info("\n%s", profiler.format_summary())
                 (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
             return summary
 
-    def _summary(self, dist, precision, records: List[dict], final: dict, profiler: Profiler, wall: float, num_classes: int, num_samples: int) -> Dict[str, Any]:
-        cfg = self.cfg
+    def _check_ranks_in_sync(self, dist, model) -> bool:
+        """Whether every rank ended with bit-identical parameters (they must, in data parallel)."""
+        arrays = self.backend.parameter_arrays(model)
+        if self.cfg.trainer.save_final_weights:
+            np.savez(self.run_dir / f"final_weights.rank{dist.rank}.npz", **arrays)
+        values = np.concatenate([a.ravel() for a in arrays.values()]).astype(np.float64)
+        fingerprint = np.array([values.sum(), (values * values).sum(), np.abs(values).sum()])
+        in_sync = bool(np.array_equal(dist.all_reduce(fingerprint, "max"), dist.all_reduce(fingerprint, "min")))
+        if not in_sync:
+            log.warning("parameters differ across ranks at the end of training")
+        return in_sync
+
+    def _summary(self, dist, precision, plan: BatchPlan, metrics: MetricsLog, profiler: Profiler, wall: float, num_classes: int, num_samples: int) -> Dict[str, Any]:
+        cfg, records = self.cfg, metrics.records
         perf = profiler.summary()
         return {
             "unitrain_version": __version__,
             **self.backend.describe(),
-            "device": dist.device,
-            "world_size": dist.world_size,
+            **dist.describe(),
             "seed": cfg.trainer.seed,
             "model": cfg.model.name,
             "data": cfg.data.name,
             "image_size": cfg.data.image_size,
             "num_classes": num_classes,
             "num_samples": num_samples,
-            "batch_size": cfg.trainer.batch_size,
-            "global_batch_size": cfg.trainer.batch_size * dist.world_size,
+            "batch_size": plan.micro_batch,
+            "accumulate_steps": plan.accumulate_steps,
+            "global_batch_size": plan.global_batch,
+            "lr": plan.lr,
+            "lr_scaling": cfg.optim.lr_scaling,
             "steps": len(records),
             "epochs": cfg.trainer.epochs,
             "precision": precision.describe(),
             "first_loss": records[0]["loss"] if records else None,
-            "final": final,
+            "final": metrics.final(),
             "throughput": {
                 "samples_per_s": perf["ips"]["median"] if perf else None,
                 "samples_per_s_min": perf["ips"]["min"] if perf else None,

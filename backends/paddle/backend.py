@@ -71,3 +71,11 @@ class PaddleBackend(Backend):
         # Paddle keeps BatchNorm running statistics as parameters with stop_gradient set;
         # count trainable ones only, as torch (where they are buffers) does.
         return sum(math.prod(p.shape) for p in model.parameters() if not p.stop_gradient)
+
+    def parameter_arrays(self, model):
+        return {name: p.astype("float32").numpy() for name, p in model.named_parameters() if not p.stop_gradient}
+
+    def freeze_batchnorm(self, model) -> None:
+        for m in model.sublayers():
+            if isinstance(m, paddle.nn.layer.norm._BatchNormBase):
+                m.eval()

@@ -1,14 +1,25 @@
-"""DistributedContext for paddle: Fleet in collective mode."""
+"""DistributedContext for paddle: Fleet in collective mode.
+
+Rank, world size and local rank come from paddle.distributed.launch, which exports
+PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM and PADDLE_LOCAL_RANK to every worker it starts.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Any, Iterator
 
+import numpy as np
 import paddle
+import paddle.distributed as pdist
+from paddle.distributed import fleet
 
 from unitrain.config import DistConfig
 from unitrain.distributed import DistributedContext
-from unitrain.errors import ConfigError, NotImplementedYetError
+from unitrain.errors import ConfigError
+
+_OPS = {"sum": pdist.ReduceOp.SUM, "mean": pdist.ReduceOp.SUM, "max": pdist.ReduceOp.MAX, "min": pdist.ReduceOp.MIN}
 
 
 def resolve_device(requested: str, local_rank: int) -> str:
@@ -21,16 +32,71 @@ def resolve_device(requested: str, local_rank: int) -> str:
 class PaddleDistributedContext(DistributedContext):
     def __init__(self, cfg: DistConfig | None = None, device: str = "auto"):
         self.cfg = cfg or DistConfig()
-        # paddle.distributed.launch's contract: it exports these to every worker it starts.
         world_size = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
         rank = int(os.environ.get("PADDLE_TRAINER_ID", "0"))
         local_rank = int(os.environ.get("PADDLE_LOCAL_RANK", os.environ.get("PADDLE_RANK_IN_NODE", "0")))
         super().__init__(resolve_device(device, local_rank), rank, world_size, local_rank)
+        # Fleet picks the communication library from the device; it cannot be chosen apart.
+        self.comm_backend = "nccl" if self.device.startswith("gpu") else "gloo"
+        if self.cfg.comm_backend not in ("auto", self.comm_backend):
+            raise ConfigError(
+                "dist.comm_backend", self.cfg.comm_backend, f"auto or {self.comm_backend}: paddle uses {self.comm_backend} on {self.device}"
+            )
 
     def setup(self) -> "PaddleDistributedContext":
-        if self.world_size > 1:
-            raise NotImplementedYetError(
-                "data-parallel training (world size > 1) is not implemented yet (issue #3); run with dist.nproc_per_node=1"
-            )
         paddle.set_device(self.device)
+        if self.is_distributed:
+            fleet.init(is_collective=True, strategy=fleet.DistributedStrategy())
         return super().setup()
+
+    def teardown(self) -> None:
+        if self.is_distributed and self._active and not self.failed:
+            pdist.barrier()
+            pdist.destroy_process_group()
+        super().teardown()
+
+    def barrier(self) -> None:
+        if self.is_distributed:
+            pdist.barrier()
+
+    def all_reduce(self, value, op: str = "mean"):
+        super().all_reduce(value, op)
+        if not self.is_distributed:
+            return value
+        tensor = paddle.to_tensor(np.asarray(value, dtype=np.float64))
+        pdist.all_reduce(tensor, op=_OPS[op])
+        result = tensor.numpy() / (self.world_size if op == "mean" else 1)
+        return float(result) if np.ndim(value) == 0 else result
+
+    def broadcast(self, obj, src: int = 0):
+        if not self.is_distributed:
+            return obj
+        box = [obj]
+        pdist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def wrap_model(self, model: paddle.nn.Layer) -> paddle.nn.Layer:
+        if self.cfg.sync_bn:
+            if not self.device.startswith("gpu"):
+                raise ConfigError("dist.sync_bn", True, "false on cpu: paddle has no SyncBatchNorm kernel for the CPU")
+            model = paddle.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        # fleet.distributed_model at world size 1 fails in paddle 3.3.1 (it expects a
+        # PipelineLayer), so wrap only when there is something to synchronise.
+        if not self.is_distributed:
+            return model
+        # paddle.DataParallel broadcasts rank 0's parameters at construction: all ranks start equal.
+        return fleet.distributed_model(model)
+
+    def wrap_optimizer(self, optimizer):
+        return fleet.distributed_optimizer(optimizer) if self.is_distributed else optimizer
+
+    def unwrap_model(self, model: Any) -> Any:
+        return model._layers if isinstance(model, paddle.DataParallel) else model
+
+    @contextlib.contextmanager
+    def no_sync(self, model: Any) -> Iterator[None]:
+        if isinstance(model, paddle.DataParallel):
+            with model.no_sync():
+                yield
+        else:
+            yield

@@ -63,3 +63,11 @@ class TorchBackend(Backend):
 
     def num_parameters(self, model) -> int:
         return sum(p.numel() for p in model.parameters())
+
+    def parameter_arrays(self, model):
+        return {name: p.detach().float().cpu().numpy() for name, p in model.named_parameters()}
+
+    def freeze_batchnorm(self, model) -> None:
+        for m in model.modules():
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                m.eval()

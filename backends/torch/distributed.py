@@ -1,14 +1,25 @@
-"""DistributedContext for torch: the process group and DistributedDataParallel."""
+"""DistributedContext for torch: a torch.distributed process group and DistributedDataParallel.
+
+Rank, world size and local rank come from torchrun, which exports RANK, WORLD_SIZE and
+LOCAL_RANK (and MASTER_ADDR/MASTER_PORT for the env:// rendezvous) to every worker it starts.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Any, Iterator
 
+import numpy as np
 import torch
+import torch.distributed as tdist
+from torch.nn.parallel import DistributedDataParallel
 
 from unitrain.config import DistConfig
 from unitrain.distributed import DistributedContext
-from unitrain.errors import ConfigError, NotImplementedYetError
+from unitrain.errors import ConfigError
+
+_OPS = {"sum": tdist.ReduceOp.SUM, "mean": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}
 
 
 def resolve_device(requested: str, local_rank: int) -> str:
@@ -21,16 +32,68 @@ def resolve_device(requested: str, local_rank: int) -> str:
 class TorchDistributedContext(DistributedContext):
     def __init__(self, cfg: DistConfig | None = None, device: str = "auto"):
         self.cfg = cfg or DistConfig()
-        # torchrun's contract: it exports these to every worker it starts.
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         rank, local_rank = int(os.environ.get("RANK", "0")), int(os.environ.get("LOCAL_RANK", "0"))
         super().__init__(resolve_device(device, local_rank), rank, world_size, local_rank)
+        default = "nccl" if self.device.startswith("cuda") else "gloo"
+        self.comm_backend = default if self.cfg.comm_backend == "auto" else self.cfg.comm_backend
+        if self.comm_backend == "nccl" and not self.device.startswith("cuda"):
+            raise ConfigError("dist.comm_backend", "nccl", "auto or gloo: nccl needs CUDA devices and this run is on cpu")
 
     def setup(self) -> "TorchDistributedContext":
-        if self.world_size > 1:
-            raise NotImplementedYetError(
-                "data-parallel training (world size > 1) is not implemented yet (issue #3); run with dist.nproc_per_node=1"
-            )
         if self.device.startswith("cuda"):
             torch.cuda.set_device(self.device)
+        if self.is_distributed and not tdist.is_initialized():
+            tdist.init_process_group(backend=self.comm_backend, init_method="env://")
         return super().setup()
+
+    def teardown(self) -> None:
+        if tdist.is_initialized() and not self.failed:
+            # Every rank past its last collective before any rank destroys the group: gloo
+            # aborts the process ("terminate called without an active exception") when its
+            # threads still hold work at shutdown (pytorch/pytorch#190489).
+            tdist.barrier()
+            tdist.destroy_process_group()
+        super().teardown()
+
+    def barrier(self) -> None:
+        if self.is_distributed:
+            tdist.barrier()
+
+    def all_reduce(self, value, op: str = "mean"):
+        super().all_reduce(value, op)
+        if not self.is_distributed:
+            return value
+        tensor = torch.tensor(np.asarray(value, dtype=np.float64), device=self.device if self.comm_backend == "nccl" else "cpu")
+        tdist.all_reduce(tensor, op=_OPS[op])
+        result = tensor.cpu().numpy() / (self.world_size if op == "mean" else 1)
+        return float(result) if np.ndim(value) == 0 else result
+
+    def broadcast(self, obj, src: int = 0):
+        if not self.is_distributed:
+            return obj
+        box = [obj]
+        tdist.broadcast_object_list(box, src=src)
+        return box[0]
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.cfg.sync_bn:
+            if not self.device.startswith("cuda"):
+                raise ConfigError("dist.sync_bn", True, "false on cpu: torch's SyncBatchNorm runs on GPUs only")
+            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        if not self.is_distributed:
+            return model
+        # DDP broadcasts rank 0's parameters and buffers at construction: all ranks start equal.
+        device_ids = [self.local_rank] if self.device.startswith("cuda") else None
+        return DistributedDataParallel(model, device_ids=device_ids)
+
+    def unwrap_model(self, model: Any) -> Any:
+        return model.module if isinstance(model, DistributedDataParallel) else model
+
+    @contextlib.contextmanager
+    def no_sync(self, model: Any) -> Iterator[None]:
+        if isinstance(model, DistributedDataParallel):
+            with model.no_sync():
+                yield
+        else:
+            yield

@@ -1,0 +1,71 @@
+"""One data-parallel worker, started by paddle.distributed.launch or torchrun.
+
+The main process hands over the resolved config as a file; the worker records its pid and
+its end (done, failed with a message, or terminated by the launcher) in
+``<run_dir>/.workers/rank<r>.json`` so that the main process can name the rank that failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+
+def _status(run_dir: Path, rank: int, **fields) -> None:
+    folder = run_dir / ".workers"
+    folder.mkdir(exist_ok=True)
+    tmp = folder / f".rank{rank}.json.tmp"
+    tmp.write_text(json.dumps({"rank": rank, "pid": os.getpid(), "time": time.time(), **fields}))
+    tmp.replace(folder / f"rank{rank}.json")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", required=True, help="the resolved config (YAML) the main process wrote")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--rank-env", required=True, help="the variable the launcher sets to this worker's global rank")
+    parser.add_argument("--workerlog", action="store_true", help="send this process's output to <run-dir>/workerlog.<rank>")
+    args = parser.parse_args(argv)
+    run_dir, rank = Path(args.run_dir), int(os.environ.get(args.rank_env, "0"))
+
+    if args.workerlog:
+        log_file = open(run_dir / f"workerlog.{rank}", "a", buffering=1)
+        os.dup2(log_file.fileno(), 1)
+        os.dup2(log_file.fileno(), 2)
+    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s", stream=sys.stdout, force=True)
+
+    def on_sigterm(signum, frame):
+        _status(run_dir, rank, status="terminated")
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    _status(run_dir, rank, status="running")
+
+    from omegaconf import OmegaConf
+
+    from unitrain.config import UnitrainConfig
+    from unitrain.errors import UnitrainError
+    from unitrain.trainer import train
+
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(UnitrainConfig), OmegaConf.load(args.config))
+        train(cfg, run_dir)
+    except UnitrainError as err:
+        print(f"unitrain: error: {err}", file=sys.stderr, flush=True)
+        _status(run_dir, rank, status="failed", error=str(err), user_error=True)
+        return 2
+    except BaseException as err:  # noqa: BLE001 - recorded for the main process, then re-raised
+        _status(run_dir, rank, status="failed", error=f"{type(err).__name__}: {err}".splitlines()[0])
+        raise
+    _status(run_dir, rank, status="done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

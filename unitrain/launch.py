@@ -1,0 +1,208 @@
+"""Data-parallel jobs through the frameworks' own launchers: paddle.distributed.launch, torchrun.
+
+The main process (the Hydra job) writes the resolved config into the run directory, starts the
+launcher with unitrain's worker script, shows rank 0's log as it grows, and when the launcher
+ends makes sure nothing it started is left running. It imports no framework itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from omegaconf import OmegaConf
+
+from unitrain.config import DistConfig, UnitrainConfig
+from unitrain.entry import worker
+from unitrain.errors import UnitrainError
+from unitrain.registry import Registry
+from unitrain.threads import resolve_threads
+
+log = logging.getLogger("unitrain")
+
+WORKER_SCRIPT = Path(worker.__file__).resolve()
+LOG_TAIL_LINES = 20
+STOP_GRACE_S = 5.0
+
+
+class WorkerFailedError(UnitrainError):
+    """A data-parallel worker failed; the message names the rank and ends with its log's tail."""
+
+    exit_code = 1
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Launcher(ABC):
+    #: Run as ``python -m <module>``.
+    module: str
+    #: The variable in which the launcher gives each worker its global rank.
+    rank_env: str
+    #: Whether the launcher itself writes <run_dir>/workerlog.<rank>.
+    writes_workerlogs: bool
+
+    @abstractmethod
+    def options(self, dist: DistConfig, run_dir: Path) -> List[str]: ...
+
+    def command(self, dist: DistConfig, run_dir: Path, config_file: Path) -> List[str]:
+        worker_args = ["--config", str(config_file), "--run-dir", str(run_dir), "--rank-env", self.rank_env]
+        if not self.writes_workerlogs:
+            worker_args.append("--workerlog")
+        return [sys.executable, "-m", self.module, *self.options(dist, run_dir), str(WORKER_SCRIPT), *worker_args]
+
+
+class PaddleLauncher(Launcher):
+    module, rank_env, writes_workerlogs = "paddle.distributed.launch", "PADDLE_TRAINER_ID", True
+
+    def options(self, dist: DistConfig, run_dir: Path) -> List[str]:
+        # --max_restart 0: a failed worker ends the job (paddle's default restarts it 3 times).
+        opts = ["--nproc_per_node", str(dist.nproc_per_node), "--nnodes", str(dist.nnodes)]
+        opts += ["--log_dir", str(run_dir), "--max_restart", "0"]
+        if dist.nnodes > 1:
+            opts += ["--master", f"{dist.master_addr}:{dist.master_port}", "--rank", str(dist.node_rank)]
+        return opts
+
+
+class TorchLauncher(Launcher):
+    module, rank_env, writes_workerlogs = "torch.distributed.run", "RANK", False
+
+    def options(self, dist: DistConfig, run_dir: Path) -> List[str]:
+        # A fresh port per job: sweeps run jobs back to back, and a port in TIME_WAIT would clash.
+        port = dist.master_port or free_port()
+        opts = ["--nproc_per_node", str(dist.nproc_per_node), "--nnodes", str(dist.nnodes), "--node_rank", str(dist.node_rank)]
+        return opts + ["--master_addr", dist.master_addr, "--master_port", str(port), "--max_restarts", "0"]
+
+
+LAUNCHERS: Registry[Launcher] = Registry("launcher")
+LAUNCHERS.register("paddle", PaddleLauncher())
+LAUNCHERS.register("torch", TorchLauncher())
+
+
+class LogFollower:
+    """Echo the lines a worker appends to its log, as ``tail -f`` would."""
+
+    def __init__(self, path: Path, prefix: str):
+        self.path, self.prefix, self.offset, self.partial = path, prefix, 0, ""
+
+    def pump(self) -> None:
+        if not self.path.exists():
+            return
+        with open(self.path, encoding="utf-8", errors="replace") as f:
+            f.seek(self.offset)
+            text = self.partial + f.read()
+            self.offset = f.tell()
+        *lines, self.partial = text.split("\n")
+        for line in lines:
+            print(f"{self.prefix}{line}", flush=True)
+
+
+def worker_statuses(run_dir: Path) -> List[Dict[str, Any]]:
+    folder = run_dir / ".workers"
+    return sorted((json.loads(f.read_text()) for f in folder.glob("rank*.json")), key=lambda s: s["rank"]) if folder.exists() else []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def stop_everything(proc: subprocess.Popen, run_dir: Path) -> None:
+    """End the launcher's process group and every worker still marked running: no orphans."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        pids = [s["pid"] for s in worker_statuses(run_dir) if s["status"] == "running" and _alive(s["pid"])]
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + STOP_GRACE_S
+        while time.monotonic() < deadline and (proc.poll() is None or any(_alive(p) for p in pids)):
+            time.sleep(0.05)
+        if proc.poll() is not None and not any(_alive(p) for p in pids):
+            return
+    proc.wait()
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    if not path.exists():
+        return f"(no {path.name})"
+    text = path.read_text(encoding="utf-8", errors="replace").rstrip("\n").splitlines()[-lines:]
+    return "\n".join(f"    {line}" for line in text)
+
+
+def diagnose(run_dir: Path, launcher: Launcher, returncode: int) -> UnitrainError:
+    """Name the rank that brought the job down, with the tail of its log."""
+    statuses = worker_statuses(run_dir)
+    failed = sorted((s for s in statuses if s["status"] == "failed"), key=lambda s: s["time"])
+    user_errors = {s["error"] for s in failed if s.get("user_error")}
+    if len(user_errors) == 1 and len(failed) == len(statuses):
+        return UnitrainError(user_errors.pop())  # every rank rejected the same setting
+    # A worker still marked "running" ended without a word (killed by a signal, or crashed hard)
+    # and is the likelier cause than peers that failed after losing it.
+    vanished = [s for s in statuses if s["status"] == "running"]
+    culprits = vanished or failed[:1]
+    if not culprits:
+        return WorkerFailedError(
+            f"{launcher.module} exited with code {returncode} before any worker reported; its output:\n{_tail(run_dir / 'launcher.log')}"
+        )
+    lines = []
+    for s in culprits:
+        why = f"failed: {s['error']}" if s["status"] == "failed" else "stopped without reporting (killed by a signal?)"
+        lines.append(f"rank {s['rank']} {why}")
+    worst = culprits[0]["rank"]
+    return WorkerFailedError(
+        f"{'; '.join(lines)}; {launcher.module} exited with code {returncode}\n"
+        f"last lines of {run_dir / f'workerlog.{worst}'}:\n{_tail(run_dir / f'workerlog.{worst}')}"
+    )
+
+
+def launch(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]:
+    """Run ``cfg`` data-parallel; returns rank 0's summary (None on nodes other than node 0)."""
+    run_dir = Path(run_dir).resolve()
+    launcher = LAUNCHERS.get(cfg.backend.name)
+    worker_cfg = OmegaConf.to_container(cfg, resolve=True)
+    worker_cfg["trainer"]["threads"] = resolve_threads(cfg.trainer.threads, cfg.dist.nproc_per_node)
+    config_file = run_dir / "worker_config.yaml"
+    OmegaConf.save(OmegaConf.create(worker_cfg), config_file)
+
+    command = launcher.command(cfg.dist, run_dir, config_file)
+    log.info("launching %d worker(s) on this node: %s", cfg.dist.nproc_per_node, shlex.join(command))
+    first_rank = cfg.dist.node_rank * cfg.dist.nproc_per_node
+    follower = LogFollower(run_dir / f"workerlog.{first_rank}", f"[rank {first_rank}] ")
+    with open(run_dir / "launcher.log", "w") as launcher_log:
+        # A session of its own, so that the whole tree can be ended whatever happens here.
+        proc = subprocess.Popen(command, stdout=launcher_log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                follower.pump()
+                time.sleep(0.2)
+            follower.pump()
+        finally:
+            stop_everything(proc, run_dir)
+    if proc.returncode != 0:
+        raise diagnose(run_dir, launcher, proc.returncode)
+    summary_file = run_dir / "summary.json"
+    return json.loads(summary_file.read_text()) if summary_file.exists() else None
