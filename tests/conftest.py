@@ -27,6 +27,7 @@ class CliResult:
 
 def run_unitrain(args: List[str], tmp_path: Path, module: str = "unitrain", timeout: int = 300) -> CliResult:
     """Run ``python -m unitrain`` as a user would, from outside the source tree, into tmp_path."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     run_dir = tmp_path / "run"
     hydra_dirs = [f"hydra.run.dir={run_dir}", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}

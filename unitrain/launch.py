@@ -33,6 +33,8 @@ log = logging.getLogger("unitrain")
 WORKER_SCRIPT = Path(worker.__file__).resolve()
 LOG_TAIL_LINES = 20
 STOP_GRACE_S = 5.0
+# What gloo writes when a peer disappears: a rank whose log ends so died of another's death.
+PEER_LOSS_MARKERS = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "IoException")
 
 
 class WorkerFailedError(UnitrainError):
@@ -146,11 +148,17 @@ def stop_everything(proc: subprocess.Popen, run_dir: Path) -> None:
     proc.wait()
 
 
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    if not path.exists():
-        return f"(no {path.name})"
-    text = path.read_text(encoding="utf-8", errors="replace").rstrip("\n").splitlines()[-lines:]
-    return "\n".join(f"    {line}" for line in text)
+def _last_lines(path: Path, lines: int = LOG_TAIL_LINES) -> List[str]:
+    return path.read_text(encoding="utf-8", errors="replace").rstrip("\n").splitlines()[-lines:] if path.exists() else []
+
+
+def _tail(path: Path) -> str:
+    return "\n".join(f"    {line}" for line in _last_lines(path)) if path.exists() else f"(no {path.name})"
+
+
+def _lost_a_peer(run_dir: Path, status: Dict[str, Any]) -> bool:
+    text = status.get("error", "") + "\n".join(_last_lines(run_dir / f"workerlog.{status['rank']}", 60))
+    return any(marker in text for marker in PEER_LOSS_MARKERS)
 
 
 def diagnose(run_dir: Path, launcher: Launcher, returncode: int) -> UnitrainError:
@@ -160,10 +168,13 @@ def diagnose(run_dir: Path, launcher: Launcher, returncode: int) -> UnitrainErro
     user_errors = {s["error"] for s in failed if s.get("user_error")}
     if len(user_errors) == 1 and len(failed) == len(statuses):
         return UnitrainError(user_errors.pop())  # every rank rejected the same setting
-    # A worker still marked "running" ended without a word (killed by a signal, or crashed hard)
-    # and is the likelier cause than peers that failed after losing it.
-    vanished = [s for s in statuses if s["status"] == "running"]
-    culprits = vanished or failed[:1]
+    # A worker still marked "running" ended without a word (killed by a signal, or crashed hard).
+    # Ranks whose log says a peer went away died of another's death, not their own.
+    ended = [s for s in statuses if s["status"] in ("running", "failed")]
+    causes = [s for s in ended if not _lost_a_peer(run_dir, s)]
+    vanished = [s for s in causes if s["status"] == "running"]
+    culprits = vanished or sorted(causes, key=lambda s: s.get("time", 0))[:1] or ended
+    followers = [s["rank"] for s in ended if s not in culprits]
     if not culprits:
         return WorkerFailedError(
             f"{launcher.module} exited with code {returncode} before any worker reported; its output:\n{_tail(run_dir / 'launcher.log')}"
@@ -172,6 +183,8 @@ def diagnose(run_dir: Path, launcher: Launcher, returncode: int) -> UnitrainErro
     for s in culprits:
         why = f"failed: {s['error']}" if s["status"] == "failed" else "stopped without reporting (killed by a signal?)"
         lines.append(f"rank {s['rank']} {why}")
+    if followers:
+        lines.append(f"rank(s) {', '.join(map(str, followers))} then lost the connection to it")
     worst = culprits[0]["rank"]
     return WorkerFailedError(
         f"{'; '.join(lines)}; {launcher.module} exited with code {returncode}\n"

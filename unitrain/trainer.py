@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import time
@@ -41,99 +42,107 @@ class Trainer:
         self.run_dir = Path(run_dir)
 
     def fit(self) -> Dict[str, Any]:
+        self.backend.set_threads(self.threads)
+        self.backend.seed(self.cfg.trainer.seed)
+        with self.backend.distributed(self.cfg.dist, self.cfg.backend.device) as dist:
+            summary = self._fit(dist)
+            # The model, optimizer and DDP wrapper were local to _fit; collect their reference
+            # cycles now, while the process group exists. Left to interpreter shutdown, gloo
+            # work they hold aborts the process (pytorch/pytorch#179291).
+            gc.collect()
+        return summary
+
+    def _fit(self, dist) -> Dict[str, Any]:
         cfg, backend = self.cfg, self.backend
-        backend.set_threads(self.threads)
-        backend.seed(cfg.trainer.seed)
-        with backend.distributed(cfg.dist, cfg.backend.device) as dist:
-            precision = backend.precision(cfg.amp)
-            plan = BatchPlan.from_config(cfg, dist.world_size)
-            accumulate = plan.accumulate_steps
-            steps = cfg.trainer.steps
-            dataset = build_dataset(cfg.data, default_size=(steps or 1) * plan.global_batch, seed=cfg.trainer.seed)
-            sampler = DistributedBatchSampler(
-                len(dataset), plan.micro_batch, dist.world_size, dist.rank, cfg.data.shuffle, cfg.trainer.seed,
-                cfg.data.drop_last, cfg.data.remainder, cfg.data.order,
+        precision = backend.precision(cfg.amp)
+        plan = BatchPlan.from_config(cfg, dist.world_size)
+        accumulate = plan.accumulate_steps
+        steps = cfg.trainer.steps
+        dataset = build_dataset(cfg.data, default_size=(steps or 1) * plan.global_batch, seed=cfg.trainer.seed)
+        sampler = DistributedBatchSampler(
+            len(dataset), plan.micro_batch, dist.world_size, dist.rank, cfg.data.shuffle, cfg.trainer.seed,
+            cfg.data.drop_last, cfg.data.remainder, cfg.data.order,
+        )  # fmt: skip
+        batches_per_epoch = len(sampler) // accumulate
+        if batches_per_epoch == 0:
+            raise ConfigError(
+                "trainer.batch_size", cfg.trainer.batch_size,
+                f"at most {sampler.per_replica // accumulate} per device and micro-step (each of {dist.world_size} "
+                f"process(es) gets {sampler.per_replica} of {len(dataset)} samples) with data.drop_last=true; "
+                "use a smaller batch or data.drop_last=false",
             )  # fmt: skip
-            batches_per_epoch = len(sampler) // accumulate
-            if batches_per_epoch == 0:
-                raise ConfigError(
-                    "trainer.batch_size", cfg.trainer.batch_size,
-                    f"at most {sampler.per_replica // accumulate} per device and micro-step (each of {dist.world_size} "
-                    f"process(es) gets {sampler.per_replica} of {len(dataset)} samples) with data.drop_last=true; "
-                    "use a smaller batch or data.drop_last=false",
-                )  # fmt: skip
-            steps_per_epoch = min(steps or batches_per_epoch, batches_per_epoch)
-            if steps and steps > batches_per_epoch:
-                log.warning("trainer.steps=%d but the data holds %d batches per epoch: running %d", steps, batches_per_epoch, batches_per_epoch)
-            total_steps = steps_per_epoch * cfg.trainer.epochs
-            num_classes = getattr(dataset, "num_classes", cfg.data.num_classes)
+        steps_per_epoch = min(steps or batches_per_epoch, batches_per_epoch)
+        if steps and steps > batches_per_epoch:
+            log.warning("trainer.steps=%d but the data holds %d batches per epoch: running %d", steps, batches_per_epoch, batches_per_epoch)
+        total_steps = steps_per_epoch * cfg.trainer.epochs
+        num_classes = getattr(dataset, "num_classes", cfg.data.num_classes)
 
-            model = backend.build_model(cfg.model.name, num_classes, dist.device, cfg.model.zero_init_residual)
-            optimizer = backend.build_optimizer(model, cfg.optim)
-            model, optimizer = precision.decorate(model, optimizer)
-            model, optimizer = dist.wrap_model(model), dist.wrap_optimizer(optimizer)
-            loader = backend.make_loader(dataset, sampler, cfg.data.num_workers, dist.device)
+        model = backend.build_model(cfg.model.name, num_classes, dist.device, cfg.model.zero_init_residual)
+        optimizer = backend.build_optimizer(model, cfg.optim)
+        model, optimizer = precision.decorate(model, optimizer)
+        model, optimizer = dist.wrap_model(model), dist.wrap_optimizer(optimizer)
+        loader = backend.make_loader(dataset, sampler, cfg.data.num_workers, dist.device)
 
-            profiler = Profiler(cfg.profiler.warmup_steps, enabled=cfg.profiler.mode != "off")
-            metrics = MetricsLog(self.run_dir / "metrics.jsonl" if dist.is_main_process else None)
-            progress = StepProgress(
-                total_steps, f"{backend.name} {cfg.model.name}", dist.is_main_process and cfg.trainer.progress, cfg.trainer.log_every
-            )
-            log.info(
-                "%s %s on %s (rank %d of %d), %d thread(s), %s, %d steps of %d samples (%d per device x %d micro-steps), lr %g",
-                backend.package, backend.version(), dist.device, dist.rank, dist.world_size, self.threads,
-                precision.requested, total_steps, plan.global_batch, plan.micro_batch, accumulate, plan.lr,
-            )  # fmt: skip
-            started = time.perf_counter()
-            step, micro, sums = 0, 0, np.zeros(3)
-            model.train()
-            if cfg.model.freeze_bn:
-                backend.freeze_batchnorm(model)
-            try:
-                for epoch in range(cfg.trainer.epochs):
-                    sampler.set_epoch(epoch)
-                    for images, labels in profiler.timed(loader):
-                        if micro == 0:
-                            lr = lr_at(step, total_steps, cfg.optim, plan.lr)
-                            backend.set_lr(optimizer, lr)
-                        micro += 1
-                        # Gradients are averaged across ranks only on the last micro-step.
-                        sync = contextlib.nullcontext() if micro == accumulate else dist.no_sync(model)
-                        with sync:
-                            with precision.autocast():
-                                logits = model(images)
-                                loss = backend.loss(logits, labels)
-                            precision.backward(loss / accumulate if accumulate > 1 else loss)
-                        # Reading values back also waits for the device, so the step time is honest.
-                        sums += (float(backend.to_numpy(loss)), *topk_accuracy(backend.to_numpy(logits), backend.to_numpy(labels)))
-                        if micro < accumulate:
-                            continue
-                        precision.step(optimizer)
-                        optimizer.zero_grad()
-                        # Logged values are means over all ranks and micro-steps, not rank 0's alone.
-                        loss_value, top1, top5 = dist.all_reduce(sums / accumulate, "mean")
-                        micro, sums = 0, np.zeros(3)
-                        timing = profiler.step(plan.global_batch)
-                        record = {"epoch": epoch, "step": step + 1, "loss": loss_value, "top1": top1, "top5": top5, "lr": lr}
-                        record.update(reader_cost=timing.reader_cost, batch_cost=timing.batch_cost, ips=timing.ips)
-                        record.update(precision.metrics())
-                        metrics.append(record)
-                        step += 1
-                        progress.update(step, record)
-                        if step >= (epoch + 1) * steps_per_epoch:
-                            break
-            finally:
-                progress.close()
-                metrics.close()
-            wall = time.perf_counter() - started
+        profiler = Profiler(cfg.profiler.warmup_steps, enabled=cfg.profiler.mode != "off")
+        metrics = MetricsLog(self.run_dir / "metrics.jsonl" if dist.is_main_process else None)
+        progress = StepProgress(
+            total_steps, f"{backend.name} {cfg.model.name}", dist.is_main_process and cfg.trainer.progress, cfg.trainer.log_every
+        )
+        log.info(
+            "%s %s on %s (rank %d of %d), %d thread(s), %s, %d steps of %d samples (%d per device x %d micro-steps), lr %g",
+            backend.package, backend.version(), dist.device, dist.rank, dist.world_size, self.threads,
+            precision.requested, total_steps, plan.global_batch, plan.micro_batch, accumulate, plan.lr,
+        )  # fmt: skip
+        started = time.perf_counter()
+        step, micro, sums = 0, 0, np.zeros(3)
+        model.train()
+        if cfg.model.freeze_bn:
+            backend.freeze_batchnorm(model)
+        try:
+            for epoch in range(cfg.trainer.epochs):
+                sampler.set_epoch(epoch)
+                for images, labels in profiler.timed(loader):
+                    if micro == 0:
+                        lr = lr_at(step, total_steps, cfg.optim, plan.lr)
+                        backend.set_lr(optimizer, lr)
+                    micro += 1
+                    # Gradients are averaged across ranks only on the last micro-step.
+                    sync = contextlib.nullcontext() if micro == accumulate else dist.no_sync(model)
+                    with sync:
+                        with precision.autocast():
+                            logits = model(images)
+                            loss = backend.loss(logits, labels)
+                        precision.backward(loss / accumulate if accumulate > 1 else loss)
+                    # Reading values back also waits for the device, so the step time is honest.
+                    sums += (float(backend.to_numpy(loss)), *topk_accuracy(backend.to_numpy(logits), backend.to_numpy(labels)))
+                    if micro < accumulate:
+                        continue
+                    precision.step(optimizer)
+                    optimizer.zero_grad()
+                    # Logged values are means over all ranks and micro-steps, not rank 0's alone.
+                    loss_value, top1, top5 = dist.all_reduce(sums / accumulate, "mean")
+                    micro, sums = 0, np.zeros(3)
+                    timing = profiler.step(plan.global_batch)
+                    record = {"epoch": epoch, "step": step + 1, "loss": loss_value, "top1": top1, "top5": top5, "lr": lr}
+                    record.update(reader_cost=timing.reader_cost, batch_cost=timing.batch_cost, ips=timing.ips)
+                    record.update(precision.metrics())
+                    metrics.append(record)
+                    step += 1
+                    progress.update(step, record)
+                    if step >= (epoch + 1) * steps_per_epoch:
+                        break
+        finally:
+            progress.close()
+            metrics.close()
+        wall = time.perf_counter() - started
 
-            in_sync = self._check_ranks_in_sync(dist, dist.unwrap_model(model))
-            summary = self._summary(dist, precision, plan, metrics, profiler, wall, num_classes, len(dataset))
-            summary.update(num_parameters=backend.num_parameters(dist.unwrap_model(model)), ranks_in_sync=in_sync)
-            if dist.is_main_process:
-                log.info("\n%s", profiler.format_summary())
-                (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-            return summary
+        in_sync = self._check_ranks_in_sync(dist, dist.unwrap_model(model))
+        summary = self._summary(dist, precision, plan, metrics, profiler, wall, num_classes, len(dataset))
+        summary.update(num_parameters=backend.num_parameters(dist.unwrap_model(model)), ranks_in_sync=in_sync)
+        if dist.is_main_process:
+            log.info("\n%s", profiler.format_summary())
+            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
 
     def _check_ranks_in_sync(self, dist, model) -> bool:
         """Whether every rank ended with bit-identical parameters (they must, in data parallel)."""

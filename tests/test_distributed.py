@@ -1,0 +1,166 @@
+"""Data parallel on both backends through their own launchers (gloo, 2 workers on CPU).
+
+Tolerances: the 2-worker and the 1-worker runs see the same samples per step, but their
+gradients are summed in a different order (two half-batch means all-reduced vs one mean),
+so they agree to fp32 rounding, not bit for bit. After 4 momentum steps on the tiny model
+that is well inside atol 1e-5 / rtol 1e-4; a real mistake (other samples, unscaled lr,
+missing all-reduce) moves parameters by 1e-3 and more. BatchNorm is frozen (model.freeze_bn)
+because batch statistics over 8 samples differ from those over 16 by design.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import BACKENDS, FAST, run_unitrain
+
+pytestmark = pytest.mark.slow
+
+EXACT = ["model.freeze_bn=true", "optim.lr_scaling=keep_global", "trainer.save_final_weights=true", "trainer.threads=1"]
+
+
+def weights(run_dir: Path, rank: int = 0) -> dict:
+    with np.load(run_dir / f"final_weights.rank{rank}.npz") as f:
+        return {k: f[k] for k in f.files}
+
+
+def assert_close(a: dict, b: dict):
+    assert a.keys() == b.keys()
+    for key in a:
+        np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-5, err_msg=key)
+
+
+def assert_differs(a: dict, b: dict):
+    assert any(not np.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in a)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_workers_equal_one_worker_with_the_doubled_batch(backend, tmp_path):
+    common = [f"backend={backend}", *FAST, *EXACT, "trainer.steps=4", "trainer.batch_size=16"]
+    one = run_unitrain(common, tmp_path / "one")
+    two = run_unitrain([*common, "dist.nproc_per_node=2"], tmp_path / "two")
+    assert one.returncode == 0, one.stderr
+    assert two.returncode == 0, two.stderr[-3000:]
+
+    summary = two.summary()
+    assert (summary["world_size"], summary["batch_size"], summary["global_batch_size"]) == (2, 8, 16)
+    assert summary["comm_backend"] == "gloo" and summary["ranks_in_sync"] is True
+    # Parameters identical across ranks, bit for bit.
+    rank0, rank1 = weights(two.run_dir, 0), weights(two.run_dir, 1)
+    assert all(np.array_equal(rank0[k], rank1[k]) for k in rank0)
+    # Same samples, same lr, averaged gradients: the same training as one process on 2B.
+    assert_close(rank0, weights(one.run_dir))
+    # The logged loss is the mean over ranks, i.e. the loss of the whole batch.
+    np.testing.assert_allclose([r["loss"] for r in two.metrics()], [r["loss"] for r in one.metrics()], rtol=1e-4)
+    # Each rank wrote its log where Paddle's launcher would; the main process showed rank 0's.
+    assert (two.run_dir / "workerlog.0").exists() and (two.run_dir / "workerlog.1").exists()
+    assert "[rank 0] " in two.stdout and "| 2 | 16 |" in two.stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_accumulation_equals_one_step_on_the_doubled_batch(backend, tmp_path):
+    common = [f"backend={backend}", *FAST, *EXACT, "trainer.steps=3", "trainer.batch_size=16"]
+    whole = run_unitrain(common, tmp_path / "whole")
+    accumulated = run_unitrain([*common, "trainer.accumulate_steps=2"], tmp_path / "acc")
+    assert whole.returncode == 0 and accumulated.returncode == 0, whole.stderr + accumulated.stderr
+    assert accumulated.summary()["batch_size"] == 8 and accumulated.summary()["accumulate_steps"] == 2
+    assert_close(weights(accumulated.run_dir), weights(whole.run_dir))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_accumulation_in_data_parallel_skips_nothing(backend, tmp_path):
+    # 2 workers x 2 micro-steps of 4 == 1 worker with 16; no_sync on the first micro-step must
+    # not lose its gradient.
+    common = [f"backend={backend}", *FAST, *EXACT, "trainer.steps=3", "trainer.batch_size=16"]
+    whole = run_unitrain(common, tmp_path / "whole")
+    both = run_unitrain([*common, "trainer.accumulate_steps=2", "dist.nproc_per_node=2"], tmp_path / "both")
+    assert whole.returncode == 0 and both.returncode == 0, both.stderr[-3000:]
+    assert_close(weights(both.run_dir), weights(whole.run_dir))
+
+
+def test_linear_lr_scaling_keeps_the_per_device_batch(tmp_path):
+    result = run_unitrain(["backend=torch", *FAST, "trainer.steps=2", "trainer.batch_size=8", "optim.lr=0.05", "dist.nproc_per_node=2"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    s = result.summary()
+    assert (s["batch_size"], s["global_batch_size"], s["lr"], s["lr_scaling"]) == (8, 16, 0.1, "linear")
+    assert result.metrics()[0]["lr"] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sync_bn_on_cpu_is_refused_in_one_line(backend, tmp_path):
+    result = run_unitrain([f"backend={backend}", *FAST, "trainer.steps=2", "dist.nproc_per_node=2", "dist.sync_bn=true"], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("unitrain: error: dist.sync_bn=True is not allowed: false on cpu")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie is dead for our purpose; /proc says so.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _processes_mentioning(text: str) -> list:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline and _alive(int(entry.name)):
+                found.append((int(entry.name), cmdline))
+    return found
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_killing_a_worker_ends_the_job_and_leaves_nothing(backend, tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "unitrain", f"backend={backend}", *FAST, "trainer.steps=100000", "trainer.log_every=1",
+        "dist.nproc_per_node=2", "trainer.threads=1", f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    main = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if (run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").read_text().count("\n") >= 3:
+                break
+            assert main.poll() is None, main.communicate()
+            time.sleep(0.2)
+        statuses = {s["rank"]: s for s in (json.loads(f.read_text()) for f in (run_dir / ".workers").glob("rank*.json"))}
+        assert set(statuses) == {0, 1}
+        os.kill(statuses[1]["pid"], signal.SIGKILL)
+        killed_at = time.monotonic()
+        out, err = main.communicate(timeout=90)
+        took = time.monotonic() - killed_at
+    finally:
+        if main.poll() is None:
+            main.kill()
+    assert main.returncode not in (0, None)
+    assert took < 60
+    assert "rank 1 stopped without reporting" in err and "workerlog.1" in err, err[-3000:]
+    assert not [p for p in (s["pid"] for s in statuses.values()) if _alive(p)]
+    assert _processes_mentioning(str(run_dir)) == []
+
+
+def test_multirun_over_both_backends_in_data_parallel(tmp_path):
+    result = run_unitrain(["-m", "backend=paddle,torch", *FAST, "trainer.steps=3", "dist.nproc_per_node=2", "trainer.threads=1"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (tmp_path / "multirun" / "comparison.md").read_text()
+    rows = [line.split("|") for line in table.splitlines() if line.startswith("| paddle") or line.startswith("| torch")]
+    assert [(r[1].strip(), r[5].strip()) for r in rows] == [("paddle", "2"), ("torch", "2")]
