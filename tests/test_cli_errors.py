@@ -19,7 +19,9 @@ from conftest import FAST
         (["optim.lr=-0.1"], "optim.lr=-0.1 is not allowed: a number > 0"),
         (["trainer.batch_size=64", "data.num_samples=20"], "trainer.batch_size=64 is not allowed: at most 20"),
         (["amp=O2"], "amp=O2 is not implemented yet on torch (issue #4"),
-        (["dist.nproc_per_node=2"], "not implemented yet (issue #3)"),
+        (["dist.node_rank=1"], "dist.node_rank=1 is not allowed: an integer in [0, 1) (dist.nnodes=1)"),
+        (["dist.nnodes=2"], "dist.master_port=None is not allowed: a port number that every node uses"),
+        (["dist.nproc_per_node=0"], "dist.nproc_per_node=0 is not allowed: a number > 0"),
     ],
 )
 def test_bad_input_gives_one_line(args, expected, unitrain_cli):

@@ -164,3 +164,25 @@ def test_multirun_over_both_backends_in_data_parallel(tmp_path):
     table = (tmp_path / "multirun" / "comparison.md").read_text()
     rows = [line.split("|") for line in table.splitlines() if line.startswith("| paddle") or line.startswith("| torch")]
     assert [(r[1].strip(), r[5].strip()) for r in rows] == [("paddle", "2"), ("torch", "2")]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_two_nodes_on_loopback(backend, tmp_path):
+    # The README's two-machine command, with both "machines" on this one: each main process
+    # starts its node's launcher, and the nodes meet at dist.master_addr:dist.master_port.
+    from unitrain.launch import free_port
+
+    common = [
+        sys.executable, "-m", "unitrain", f"backend={backend}", *FAST, "trainer.steps=3", "trainer.threads=1",
+        "dist.nnodes=2", "dist.nproc_per_node=1", "dist.master_addr=127.0.0.1", f"dist.master_port={free_port()}",
+    ]  # fmt: skip
+    nodes = [
+        subprocess.Popen([*common, f"dist.node_rank={n}", f"hydra.run.dir={tmp_path / f'node{n}'}"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for n in (0, 1)
+    ]
+    outputs = [node.communicate(timeout=180) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], outputs
+    summary = json.loads((tmp_path / "node0" / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["ranks_in_sync"] is True
+    assert "node 1 finished" in outputs[1][0] and "[rank 1] " in outputs[1][0]
+    assert json.loads((tmp_path / "node1" / ".workers" / "rank1.json").read_text())["status"] == "done"

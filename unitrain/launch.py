@@ -52,8 +52,9 @@ def free_port() -> int:
 class Launcher(ABC):
     #: Run as ``python -m <module>``.
     module: str
-    #: The variable in which the launcher gives each worker its global rank.
+    #: The variables in which the launcher gives each worker its global rank and its rank on the node.
     rank_env: str
+    local_rank_env: str
     #: Whether the launcher itself writes <run_dir>/workerlog.<rank>.
     writes_workerlogs: bool
 
@@ -61,14 +62,16 @@ class Launcher(ABC):
     def options(self, dist: DistConfig, run_dir: Path) -> List[str]: ...
 
     def command(self, dist: DistConfig, run_dir: Path, config_file: Path) -> List[str]:
-        worker_args = ["--config", str(config_file), "--run-dir", str(run_dir), "--rank-env", self.rank_env]
+        worker_args = ["--config", str(config_file), "--run-dir", str(run_dir)]
+        worker_args += ["--rank-env", self.rank_env, "--local-rank-env", self.local_rank_env]
         if not self.writes_workerlogs:
             worker_args.append("--workerlog")
         return [sys.executable, "-m", self.module, *self.options(dist, run_dir), str(WORKER_SCRIPT), *worker_args]
 
 
 class PaddleLauncher(Launcher):
-    module, rank_env, writes_workerlogs = "paddle.distributed.launch", "PADDLE_TRAINER_ID", True
+    module, writes_workerlogs = "paddle.distributed.launch", True
+    rank_env, local_rank_env = "PADDLE_TRAINER_ID", "PADDLE_LOCAL_RANK"
 
     def options(self, dist: DistConfig, run_dir: Path) -> List[str]:
         # --max_restart 0: a failed worker ends the job (paddle's default restarts it 3 times).
@@ -80,7 +83,8 @@ class PaddleLauncher(Launcher):
 
 
 class TorchLauncher(Launcher):
-    module, rank_env, writes_workerlogs = "torch.distributed.run", "RANK", False
+    module, writes_workerlogs = "torch.distributed.run", False
+    rank_env, local_rank_env = "RANK", "LOCAL_RANK"
 
     def options(self, dist: DistConfig, run_dir: Path) -> List[str]:
         # A fresh port per job: sweeps run jobs back to back, and a port in TIME_WAIT would clash.
@@ -157,7 +161,7 @@ def _tail(path: Path) -> str:
 
 
 def _lost_a_peer(run_dir: Path, status: Dict[str, Any]) -> bool:
-    text = status.get("error", "") + "\n".join(_last_lines(run_dir / f"workerlog.{status['rank']}", 60))
+    text = status.get("error", "") + "\n".join(_last_lines(run_dir / f"workerlog.{status['local_rank']}", 60))
     return any(marker in text for marker in PEER_LOSS_MARKERS)
 
 
@@ -185,11 +189,8 @@ def diagnose(run_dir: Path, launcher: Launcher, returncode: int) -> UnitrainErro
         lines.append(f"rank {s['rank']} {why}")
     if followers:
         lines.append(f"rank(s) {', '.join(map(str, followers))} then lost the connection to it")
-    worst = culprits[0]["rank"]
-    return WorkerFailedError(
-        f"{'; '.join(lines)}; {launcher.module} exited with code {returncode}\n"
-        f"last lines of {run_dir / f'workerlog.{worst}'}:\n{_tail(run_dir / f'workerlog.{worst}')}"
-    )
+    worst = run_dir / f"workerlog.{culprits[0]['local_rank']}"
+    return WorkerFailedError(f"{'; '.join(lines)}; {launcher.module} exited with code {returncode}\nlast lines of {worst}:\n{_tail(worst)}")
 
 
 def launch(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]:
@@ -203,8 +204,8 @@ def launch(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]
 
     command = launcher.command(cfg.dist, run_dir, config_file)
     log.info("launching %d worker(s) on this node: %s", cfg.dist.nproc_per_node, shlex.join(command))
-    first_rank = cfg.dist.node_rank * cfg.dist.nproc_per_node
-    follower = LogFollower(run_dir / f"workerlog.{first_rank}", f"[rank {first_rank}] ")
+    # This node's first worker: rank 0 of the job on node 0.
+    follower = LogFollower(run_dir / "workerlog.0", f"[rank {cfg.dist.node_rank * cfg.dist.nproc_per_node}] ")
     with open(run_dir / "launcher.log", "w") as launcher_log:
         # A session of its own, so that the whole tree can be ended whatever happens here.
         proc = subprocess.Popen(command, stdout=launcher_log, stderr=subprocess.STDOUT, start_new_session=True)

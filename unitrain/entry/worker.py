@@ -8,6 +8,7 @@ its end (done, failed with a message, or terminated by the launcher) in
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -17,11 +18,11 @@ import time
 from pathlib import Path
 
 
-def _status(run_dir: Path, rank: int, **fields) -> None:
+def _status(run_dir: Path, rank: int, local_rank: int, **fields) -> None:
     folder = run_dir / ".workers"
     folder.mkdir(exist_ok=True)
     tmp = folder / f".rank{rank}.json.tmp"
-    tmp.write_text(json.dumps({"rank": rank, "pid": os.getpid(), "time": time.time(), **fields}))
+    tmp.write_text(json.dumps({"rank": rank, "local_rank": local_rank, "pid": os.getpid(), "time": time.time(), **fields}))
     tmp.replace(folder / f"rank{rank}.json")
 
 
@@ -30,22 +31,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="the resolved config (YAML) the main process wrote")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--rank-env", required=True, help="the variable the launcher sets to this worker's global rank")
-    parser.add_argument("--workerlog", action="store_true", help="send this process's output to <run-dir>/workerlog.<rank>")
+    parser.add_argument("--local-rank-env", required=True, help="the variable the launcher sets to its rank on this node")
+    parser.add_argument("--workerlog", action="store_true", help="send this process's output to <run-dir>/workerlog.<local rank>")
     args = parser.parse_args(argv)
-    run_dir, rank = Path(args.run_dir), int(os.environ.get(args.rank_env, "0"))
+    run_dir = Path(args.run_dir)
+    rank, local_rank = int(os.environ.get(args.rank_env, "0")), int(os.environ.get(args.local_rank_env, "0"))
+    status = functools.partial(_status, run_dir, rank, local_rank)
 
     if args.workerlog:
-        log_file = open(run_dir / f"workerlog.{rank}", "a", buffering=1)
+        # Numbered by rank on this node, as paddle.distributed.launch numbers its logs.
+        log_file = open(run_dir / f"workerlog.{local_rank}", "a", buffering=1)
         os.dup2(log_file.fileno(), 1)
         os.dup2(log_file.fileno(), 2)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s", stream=sys.stdout, force=True)
 
     def on_sigterm(signum, frame):
-        _status(run_dir, rank, status="terminated")
+        status(status="terminated")
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    _status(run_dir, rank, status="running")
+    status(status="running")
 
     from omegaconf import OmegaConf
 
@@ -58,12 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         train(cfg, run_dir)
     except UnitrainError as err:
         print(f"unitrain: error: {err}", file=sys.stderr, flush=True)
-        _status(run_dir, rank, status="failed", error=str(err), user_error=True)
+        status(status="failed", error=str(err), user_error=True)
         return 2
     except BaseException as err:  # noqa: BLE001 - recorded for the main process, then re-raised
-        _status(run_dir, rank, status="failed", error=f"{type(err).__name__}: {err}".splitlines()[0])
+        status(status="failed", error=f"{type(err).__name__}: {err}".splitlines()[0])
         raise
-    _status(run_dir, rank, status="done")
+    status(status="done")
     return 0
 
 
