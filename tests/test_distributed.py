@@ -186,3 +186,16 @@ def test_two_nodes_on_loopback(backend, tmp_path):
     assert summary["world_size"] == 2 and summary["ranks_in_sync"] is True
     assert "node 1 finished" in outputs[1][0] and "[rank 1] " in outputs[1][0]
     assert json.loads((tmp_path / "node1" / ".workers" / "rank1.json").read_text())["status"] == "done"
+
+
+@pytest.mark.parametrize("backend,launcher", [("paddle", "paddle.distributed.launch"), ("torch", "torch.distributed.run")])
+def test_library_collectives_under_the_frameworks_launchers(backend, launcher, tmp_path):
+    probe = Path(__file__).with_name("collectives_probe.py")
+    extra = ["--log_dir", str(tmp_path / "logs")] if backend == "paddle" else []
+    proc = subprocess.run(
+        [sys.executable, "-m", launcher, "--nproc_per_node", "2", *extra, str(probe), backend],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("{"))
+    assert json.loads(line) == {"broadcast": {"from": 1, "items": [1, 2]}, "mean": 1.5, "max": [1.0, 10.0]}

@@ -63,3 +63,14 @@ def test_epochs_and_imagefolder(unitrain_cli, tmp_path):
     # 10 images, batch 4, drop_last: 2 batches per epoch.
     assert [(r["epoch"], r["step"]) for r in records] == [(0, 1), (0, 2), (1, 3), (1, 4)]
     assert result.summary()["num_classes"] == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_loader_workers_give_the_same_training(backend, unitrain_cli, tmp_path):
+    from conftest import run_unitrain
+
+    inline = run_unitrain([f"backend={backend}", *FAST, "trainer.steps=4", "data.num_workers=0"], tmp_path / "inline")
+    workers = run_unitrain([f"backend={backend}", *FAST, "trainer.steps=4", "data.num_workers=2"], tmp_path / "workers")
+    assert inline.returncode == 0 and workers.returncode == 0, workers.stderr[-2000:]
+    # Samples are functions of their index, so loader processes change nothing but speed.
+    assert [r["loss"] for r in workers.metrics()] == pytest.approx([r["loss"] for r in inline.metrics()], rel=1e-5)

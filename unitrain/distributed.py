@@ -9,6 +9,8 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Iterator, TypeVar
 
+import numpy as np
+
 T = TypeVar("T")
 
 
@@ -55,11 +57,24 @@ class DistributedContext:
         """Reduce a number or NumPy array over all ranks (for metrics); every rank gets the result."""
         if op not in self.REDUCE_OPS:
             raise ValueError(f"unknown reduce op {op!r}; available: {', '.join(self.REDUCE_OPS)}")
-        return value
+        if not self.is_distributed:
+            return value
+        # float64 so that sums of per-rank metrics do not lose digits.
+        result = self._all_reduce_array(np.asarray(value, dtype=np.float64), "sum" if op == "mean" else op)
+        if op == "mean":
+            result = result / self.world_size
+        return float(result) if np.ndim(value) == 0 else result
 
     def broadcast(self, obj: T, src: int = 0) -> T:
         """Send a picklable Python object from rank ``src`` to every rank."""
-        return obj
+        return self._broadcast_object(obj, src) if self.is_distributed else obj
+
+    # The framework primitives behind all_reduce and broadcast (called only when distributed).
+    def _all_reduce_array(self, array: np.ndarray, op: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def _broadcast_object(self, obj: T, src: int) -> T:
+        raise NotImplementedError
 
     # Wrapping for data parallelism. Single-process: unchanged.
     def wrap_model(self, model: T) -> T:

@@ -85,14 +85,14 @@ class Trainer:
 
         profiler = Profiler(cfg.profiler.warmup_steps, enabled=cfg.profiler.mode != "off")
         metrics = MetricsLog(self.run_dir / "metrics.jsonl" if dist.is_main_process else None)
-        progress = StepProgress(
-            total_steps, f"{backend.name} {cfg.model.name}", dist.is_main_process and cfg.trainer.progress, cfg.trainer.log_every
-        )
         log.info(
             "%s %s on %s (rank %d of %d), %d thread(s), %s, %d steps of %d samples (%d per device x %d micro-steps), lr %g",
             backend.package, backend.version(), dist.device, dist.rank, dist.world_size, self.threads,
             precision.requested, total_steps, plan.global_batch, plan.micro_batch, accumulate, plan.lr,
         )  # fmt: skip
+        progress = StepProgress(
+            total_steps, f"{backend.name} {cfg.model.name}", dist.is_main_process and cfg.trainer.progress, cfg.trainer.log_every
+        )
         started = time.perf_counter()
         step, micro, sums = 0, 0, np.zeros(3)
         model.train()

@@ -19,7 +19,7 @@ from unitrain.config import DistConfig
 from unitrain.distributed import DistributedContext
 from unitrain.errors import ConfigError
 
-_OPS = {"sum": pdist.ReduceOp.SUM, "mean": pdist.ReduceOp.SUM, "max": pdist.ReduceOp.MAX, "min": pdist.ReduceOp.MIN}
+_OPS = {"sum": pdist.ReduceOp.SUM, "max": pdist.ReduceOp.MAX, "min": pdist.ReduceOp.MIN}
 
 
 def resolve_device(requested: str, local_rank: int) -> str:
@@ -59,18 +59,12 @@ class PaddleDistributedContext(DistributedContext):
         if self.is_distributed:
             pdist.barrier()
 
-    def all_reduce(self, value, op: str = "mean"):
-        super().all_reduce(value, op)
-        if not self.is_distributed:
-            return value
-        tensor = paddle.to_tensor(np.asarray(value, dtype=np.float64))
+    def _all_reduce_array(self, array: np.ndarray, op: str) -> np.ndarray:
+        tensor = paddle.to_tensor(array)
         pdist.all_reduce(tensor, op=_OPS[op])
-        result = tensor.numpy() / (self.world_size if op == "mean" else 1)
-        return float(result) if np.ndim(value) == 0 else result
+        return tensor.numpy()
 
-    def broadcast(self, obj, src: int = 0):
-        if not self.is_distributed:
-            return obj
+    def _broadcast_object(self, obj, src: int):
         box = [obj]
         pdist.broadcast_object_list(box, src=src)
         return box[0]

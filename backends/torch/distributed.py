@@ -19,7 +19,7 @@ from unitrain.config import DistConfig
 from unitrain.distributed import DistributedContext
 from unitrain.errors import ConfigError
 
-_OPS = {"sum": tdist.ReduceOp.SUM, "mean": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}
+_OPS = {"sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}
 
 
 def resolve_device(requested: str, local_rank: int) -> str:
@@ -60,18 +60,12 @@ class TorchDistributedContext(DistributedContext):
         if self.is_distributed:
             tdist.barrier()
 
-    def all_reduce(self, value, op: str = "mean"):
-        super().all_reduce(value, op)
-        if not self.is_distributed:
-            return value
-        tensor = torch.tensor(np.asarray(value, dtype=np.float64), device=self.device if self.comm_backend == "nccl" else "cpu")
+    def _all_reduce_array(self, array: np.ndarray, op: str) -> np.ndarray:
+        tensor = torch.from_numpy(array.copy()).to(self.device if self.comm_backend == "nccl" else "cpu")
         tdist.all_reduce(tensor, op=_OPS[op])
-        result = tensor.cpu().numpy() / (self.world_size if op == "mean" else 1)
-        return float(result) if np.ndim(value) == 0 else result
+        return tensor.cpu().numpy()
 
-    def broadcast(self, obj, src: int = 0):
-        if not self.is_distributed:
-            return obj
+    def _broadcast_object(self, obj, src: int):
         box = [obj]
         tdist.broadcast_object_list(box, src=src)
         return box[0]
