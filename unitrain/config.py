@@ -43,8 +43,10 @@ class AmpConfig:
     impl: str = "native"
     custom_white_list: List[str] = field(default_factory=list)
     custom_black_list: List[str] = field(default_factory=list)
-    # Loss scaling knobs, named as in paddle.amp.GradScaler (the torch names are mapped by the backend).
-    # None: on for float16, off for bfloat16.
+    # Loss scaling knobs, named as in paddle.amp.GradScaler; torch.amp.GradScaler calls them
+    # init_scale, growth_factor, backoff_factor, growth_interval (and has no
+    # decr_every_n_nan_or_inf: it backs off on every overflow, so it must stay 1 there).
+    # use_dynamic_loss_scaling: None is on for float16, off for bfloat16; false turns scaling off.
     use_dynamic_loss_scaling: Optional[bool] = None
     init_loss_scaling: float = 65536.0
     incr_ratio: float = 2.0
@@ -178,6 +180,15 @@ def validate(cfg: UnitrainConfig | Any) -> None:
     _one_of("amp.level", cfg.amp.level, AMP_LEVELS)
     _one_of("amp.dtype", cfg.amp.dtype, AMP_DTYPES)
     _one_of("amp.impl", cfg.amp.impl, AMP_IMPLS)
+    if cfg.amp.impl == "apex" and cfg.backend.name != "torch":
+        raise ConfigError("amp.impl", "apex", "native with backend=paddle (NVIDIA Apex is a PyTorch extension)")
+    _positive("amp.init_loss_scaling", cfg.amp.init_loss_scaling)
+    if cfg.amp.incr_ratio <= 1:
+        raise ConfigError("amp.incr_ratio", cfg.amp.incr_ratio, "a number > 1")
+    if not 0 < cfg.amp.decr_ratio < 1:
+        raise ConfigError("amp.decr_ratio", cfg.amp.decr_ratio, "a number in (0, 1)")
+    _positive("amp.incr_every_n_steps", cfg.amp.incr_every_n_steps)
+    _positive("amp.decr_every_n_nan_or_inf", cfg.amp.decr_every_n_nan_or_inf)
     _one_of("model.name", cfg.model.name, MODELS.names())
     _one_of("model.init", cfg.model.init, ("framework",))
     _one_of("data.name", cfg.data.name, DATASET_NAMES)

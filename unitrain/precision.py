@@ -9,9 +9,37 @@ for any backend with this class alone.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Dict, Tuple
+from typing import Any, ContextManager, Dict, FrozenSet, Tuple
 
 from unitrain.config import AmpConfig
+from unitrain.errors import ConfigError
+
+# Op names for amp.custom_white_list / amp.custom_black_list, the same on both backends
+# (each maps them to its own: paddle op types, torch module classes).
+OP_NAMES = ("conv2d", "linear", "batch_norm", "relu", "max_pool2d", "adaptive_avg_pool2d", "softmax")
+# O1's defaults, Paddle's semantics: matmul-like ops in low precision, softmax in fp32. The loss
+# is computed in fp32 at every level (the backends' loss() upcasts the logits).
+DEFAULT_WHITE_LIST = frozenset({"conv2d", "linear"})
+DEFAULT_BLACK_LIST = frozenset({"softmax"})
+
+
+def op_lists(cfg: AmpConfig) -> Tuple[FrozenSet[str], FrozenSet[str]]:
+    """(white, black) for O1: the defaults with the custom lists on top (a custom entry wins)."""
+    for key, names in (("amp.custom_white_list", cfg.custom_white_list), ("amp.custom_black_list", cfg.custom_black_list)):
+        for name in names:
+            if name not in OP_NAMES:
+                raise ConfigError(key, list(names), f"op names from {', '.join(OP_NAMES)}")
+    custom_white, custom_black = frozenset(cfg.custom_white_list), frozenset(cfg.custom_black_list)
+    if custom_white & custom_black:
+        raise ConfigError("amp.custom_black_list", sorted(custom_black), f"no op also on amp.custom_white_list ({', '.join(sorted(custom_white & custom_black))})")
+    return (DEFAULT_WHITE_LIST - custom_black) | custom_white, (DEFAULT_BLACK_LIST - custom_white) | custom_black
+
+
+def loss_scaling_wanted(cfg: AmpConfig) -> bool:
+    """Dynamic loss scaling: on for float16 (narrow range), off for bfloat16, unless set."""
+    if cfg.level == "O0":
+        return False
+    return cfg.dtype == "float16" if cfg.use_dynamic_loss_scaling is None else cfg.use_dynamic_loss_scaling
 
 
 class MixedPrecision:
@@ -41,6 +69,10 @@ class MixedPrecision:
         """Cast parameters / attach master weights as the level requires."""
         return model, optimizer
 
+    def convert_input(self, data: Any) -> Any:
+        """Cast a batch of inputs as the level requires (O3 feeds the model low precision)."""
+        return data
+
     def autocast(self) -> ContextManager[None]:
         """Context for the forward pass and loss."""
         return contextlib.nullcontext()
@@ -69,4 +101,5 @@ class MixedPrecision:
             "effective": self.effective,
             "impl": self.cfg.impl,
             "fallback_reason": self.fallback_reason,
+            **self.metrics(),
         }

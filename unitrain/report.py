@@ -26,7 +26,9 @@ def _row(s: Dict[str, Any]) -> List[str]:
     t, final = s["throughput"], s.get("final") or {}
     speed = "n/a" if t["samples_per_s"] is None else f"{t['samples_per_s']:.1f} ({t['samples_per_s_min']:.1f}-{t['samples_per_s_max']:.1f})"
     p = s["precision"]
-    precision = p["effective"] if p["requested"].startswith("O0") else f"{p['requested']} -> {p['effective']}"
+    # An arrow only where the precision that ran is not the one asked for.
+    honest = p["requested"].startswith("O0") or p["requested"] == p["effective"]
+    precision = p["effective"] if honest else f"{p['requested']} -> {p['effective']}"
     num = lambda key, fmt: format(final[key], fmt) if key in final else "n/a"  # noqa: E731
     return [
         s["backend"], s["model"], precision, str(s["threads"]), str(s["world_size"]), str(s["global_batch_size"]),

@@ -110,7 +110,7 @@ class Trainer:
                     sync = contextlib.nullcontext() if micro == accumulate else dist.no_sync(model)
                     with sync:
                         with precision.autocast():
-                            logits = model(images)
+                            logits = model(precision.convert_input(images))
                             loss = backend.loss(logits, labels)
                         precision.backward(loss / accumulate if accumulate > 1 else loss)
                     # Reading values back also waits for the device, so the step time is honest.
