@@ -103,3 +103,32 @@ class MixedPrecision:
             "fallback_reason": self.fallback_reason,
             **self.metrics(),
         }
+
+
+class ScaledMixedPrecision(MixedPrecision):
+    """Bookkeeping shared by backends whose precision owns a framework GradScaler.
+
+    Both paddle.amp.GradScaler and torch.amp.GradScaler have state_dict/load_state_dict; a
+    subclass creates ``self.scaler`` in ``decorate`` and says how to read the current scale.
+    """
+
+    def __init__(self, cfg: AmpConfig | None = None):
+        super().__init__(cfg)
+        self.scaler: Any = None
+        self.skipped_steps = 0
+
+    def loss_scale(self) -> float:
+        raise NotImplementedError
+
+    def metrics(self) -> Dict[str, float]:
+        if self.scaler is None:
+            return {}
+        return {"loss_scale": self.loss_scale(), "skipped_steps": self.skipped_steps}
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"scaler": self.scaler.state_dict() if self.scaler else {}, "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if self.scaler and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.skipped_steps = state.get("skipped_steps", 0)

@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any, Dict
-
 import paddle
 
 from unitrain.config import AmpConfig
-from unitrain.precision import MixedPrecision, loss_scaling_wanted, op_lists
+from unitrain.precision import MixedPrecision, ScaledMixedPrecision, loss_scaling_wanted, op_lists
 
 log = logging.getLogger("unitrain")
 
@@ -32,14 +30,12 @@ OPS = {
 LOW = {"float16": paddle.float16, "bfloat16": paddle.bfloat16}
 
 
-class PaddleMixedPrecision(MixedPrecision):
+class PaddleMixedPrecision(ScaledMixedPrecision):
     def __init__(self, cfg: AmpConfig):
         super().__init__(cfg)
         white, black = op_lists(cfg)
         self.white = sorted({op for name in white for op in OPS[name]})
         self.black = sorted({op for name in black for op in OPS[name]} - set(self.white))
-        self.scaler: paddle.amp.GradScaler | None = None
-        self.skipped_steps = 0
         self._effective = "fp32"
 
     def decorate(self, model: paddle.nn.Layer, optimizer):
@@ -92,26 +88,16 @@ class PaddleMixedPrecision(MixedPrecision):
         self.scaler.scale(loss).backward()
 
     def step(self, optimizer) -> bool:
-        scale = float(self.scaler._scale) if self.scaler.is_enable() else 1.0
+        scale = self.loss_scale()
         self.scaler.step(optimizer)
         self.scaler.update()
-        skipped = self.scaler.is_enable() and float(self.scaler._scale) < scale
+        # An overflow lowers the scale; paddle keeps its found-inf flag private.
+        skipped = self.scaler.is_enable() and self.loss_scale() < scale
         self.skipped_steps += skipped
         return not skipped
 
-    def metrics(self) -> Dict[str, float]:
-        if self.scaler is None:
-            return {}
-        scale = float(self.scaler._scale) if self.scaler.is_enable() else 1.0
-        return {"loss_scale": scale, "skipped_steps": self.skipped_steps}
-
-    def state_dict(self) -> Dict[str, Any]:
-        return {"scaler": self.scaler.state_dict() if self.scaler else {}, "skipped_steps": self.skipped_steps}
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        if self.scaler and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.skipped_steps = state.get("skipped_steps", 0)
+    def loss_scale(self) -> float:
+        return float(self.scaler._scale) if self.scaler.is_enable() else 1.0
 
 
 def make_precision(cfg: AmpConfig) -> MixedPrecision:

@@ -19,7 +19,7 @@ from torch import nn
 
 from unitrain.config import AmpConfig
 from unitrain.errors import BackendUnavailableError, ConfigError
-from unitrain.precision import MixedPrecision, loss_scaling_wanted, op_lists
+from unitrain.precision import MixedPrecision, ScaledMixedPrecision, loss_scaling_wanted, op_lists
 
 log = logging.getLogger("unitrain")
 
@@ -67,14 +67,12 @@ def make_scaler(cfg: AmpConfig, device_type: str) -> torch.amp.GradScaler:
     )
 
 
-class TorchMixedPrecision(MixedPrecision):
+class TorchMixedPrecision(ScaledMixedPrecision):
     def __init__(self, cfg: AmpConfig):
         super().__init__(cfg)
         self.low = DTYPES[cfg.dtype]
         self.white, self.black = op_lists(cfg)
         self.device_type = "cpu"
-        self.scaler: torch.amp.GradScaler | None = None
-        self.skipped_steps = 0
         self._masters: List[Tuple[nn.Parameter, nn.Parameter]] = []
         self._effective = "fp32"
 
@@ -135,6 +133,7 @@ class TorchMixedPrecision(MixedPrecision):
             out = probe(self.convert_input(torch.zeros(1, 3, 2, 2, device=next(model.parameters()).device)))
         if out.dtype == torch.float32:
             self.fallback_reason = f"torch autocast produced float32 on {self.device_type}"
+            log.warning("amp=%s %s requested, but %s: this run is fp32, and is reported as such", self.level, self.cfg.dtype, self.fallback_reason)
             return "fp32"
         return f"{self.level} {self.cfg.dtype}"
 
@@ -168,19 +167,8 @@ class TorchMixedPrecision(MixedPrecision):
                 param.copy_(master)
         return not skipped
 
-    # --- state --------------------------------------------------------------------------------
-    def metrics(self) -> Dict[str, float]:
-        if self.scaler is None or self.level == "O0":
-            return {}
-        return {"loss_scale": float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0, "skipped_steps": self.skipped_steps}
-
-    def state_dict(self) -> Dict[str, Any]:
-        return {"scaler": self.scaler.state_dict() if self.scaler else {}, "skipped_steps": self.skipped_steps}
-
-    def load_state_dict(self, state: Dict[str, Any]) -> None:
-        if self.scaler and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        self.skipped_steps = state.get("skipped_steps", 0)
+    def loss_scale(self) -> float:
+        return float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
 
 
 class ApexMixedPrecision(TorchMixedPrecision):
