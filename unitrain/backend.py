@@ -9,15 +9,17 @@ paddle and a missing framework only matters to the backend that needs it.
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Sequence
 
-from unitrain.config import AmpConfig, DistConfig, OptimConfig
+from unitrain.config import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
 from unitrain.distributed import DistributedContext
 from unitrain.errors import BackendUnavailableError, UnknownNameError
 from unitrain.models import MODELS, ResNetSpec
 from unitrain.precision import MixedPrecision
+from unitrain.profiler import Tracer
 
 
 class Backend(ABC):
@@ -88,6 +90,14 @@ class Backend(ABC):
     @abstractmethod
     def parameter_arrays(self, model) -> Dict[str, Any]:
         """Trainable parameters as NumPy arrays, by name (the names line up across backends)."""
+
+    @abstractmethod
+    def tracer(self, cfg: ProfilerConfig, path: Path) -> Tracer:
+        """The framework's profiler over the configured step window, writing a Chrome trace to ``path``."""
+
+    @abstractmethod
+    def peak_device_memory_mb(self, device: str) -> float | None:
+        """Peak memory the framework allocated on an accelerator; None on the CPU."""
 
     @abstractmethod
     def freeze_batchnorm(self, model) -> None:

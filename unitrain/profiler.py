@@ -11,6 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, TypeVar
 
 T = TypeVar("T")
@@ -100,3 +101,27 @@ class Profiler:
             v = s[name]
             rows.append(f"|{name:^17}|{v['avg']:^17.5f}|{v['max']:^17.5f}|{v['min']:^17.5f}|")
         return "\n".join(rows)
+
+
+class Tracer:
+    """The framework profiler over a window of steps (``profiler.mode=trace``); no-op by default.
+
+    A backend's tracer exports a Chrome/Perfetto trace into the run directory and says which
+    event categories are operators, so that :mod:`unitrain.tracing` tables them alike.
+    """
+
+    #: Trace event categories that are operators, and how to turn an event name into an op name.
+    op_categories: tuple = ()
+
+    def normalize(self, name: str) -> str:
+        return name
+
+    def start(self) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+    def stop(self) -> "Path | None":
+        """End profiling; the trace file written, or None when the window was never reached."""
+        return None

@@ -6,6 +6,7 @@ import contextlib
 import gc
 import json
 import logging
+import resource
 import time
 from pathlib import Path
 from typing import Any, Dict
@@ -18,8 +19,9 @@ from unitrain.config import UnitrainConfig
 from unitrain.data import build_dataset
 from unitrain.errors import ConfigError
 from unitrain.metrics import MetricsLog, topk_accuracy
-from unitrain.profiler import Profiler
+from unitrain.profiler import Profiler, Tracer
 from unitrain.progress import StepProgress
+from unitrain.tracing import load_events, operators_markdown, top_operators
 from unitrain.sampler import DistributedBatchSampler
 from unitrain.schedule import BatchPlan, lr_at
 from unitrain.threads import export_threads, resolve_threads
@@ -84,6 +86,7 @@ class Trainer:
         loader = backend.make_loader(dataset, sampler, cfg.data.num_workers, dist.device)
 
         profiler = Profiler(cfg.profiler.warmup_steps, enabled=cfg.profiler.mode != "off")
+        tracer = backend.tracer(cfg.profiler, self.run_dir / f"trace.rank{dist.rank}.json") if cfg.profiler.mode == "trace" else Tracer()
         metrics = MetricsLog(self.run_dir / "metrics.jsonl" if dist.is_main_process else None)
         log.info(
             "%s %s on %s (rank %d of %d), %d thread(s), %s, %d steps of %d samples (%d per device x %d micro-steps), lr %g",
@@ -98,6 +101,7 @@ class Trainer:
         model.train()
         if cfg.model.freeze_bn:
             backend.freeze_batchnorm(model)
+        tracer.start()
         try:
             for epoch in range(cfg.trainer.epochs):
                 sampler.set_epoch(epoch)
@@ -123,6 +127,7 @@ class Trainer:
                     loss_value, top1, top5 = dist.all_reduce(sums / accumulate, "mean")
                     micro, sums = 0, np.zeros(3)
                     timing = profiler.step(plan.global_batch)
+                    tracer.step()
                     record = {"epoch": epoch, "step": step + 1, "loss": loss_value, "top1": top1, "top5": top5, "lr": lr}
                     record.update(reader_cost=timing.reader_cost, batch_cost=timing.batch_cost, ips=timing.ips)
                     record.update(precision.metrics())
@@ -132,17 +137,47 @@ class Trainer:
                     if step >= (epoch + 1) * steps_per_epoch:
                         break
         finally:
+            trace_file = tracer.stop()
             progress.close()
             metrics.close()
         wall = time.perf_counter() - started
+        trace = self._trace_summary(tracer, trace_file, dist.rank)
 
         in_sync = self._check_ranks_in_sync(dist, dist.unwrap_model(model))
         summary = self._summary(dist, precision, plan, metrics, profiler, wall, num_classes, len(dataset))
-        summary.update(num_parameters=backend.num_parameters(dist.unwrap_model(model)), ranks_in_sync=in_sync)
+        summary.update(num_parameters=backend.num_parameters(dist.unwrap_model(model)), ranks_in_sync=in_sync, trace=trace)
+        summary["memory"] = self._peak_memory(dist)
         if dist.is_main_process:
             log.info("\n%s", profiler.format_summary())
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
+
+    def _trace_summary(self, tracer: Tracer, trace_file, rank: int) -> Dict[str, Any] | None:
+        """The trace file and its top operators by self time (also as top_ops.rank<r>.md)."""
+        if self.cfg.profiler.mode != "trace":
+            return None
+        if trace_file is None:
+            window = f"[{self.cfg.profiler.start}, {self.cfg.profiler.start + self.cfg.profiler.steps})"
+            log.warning("profiler.mode=trace: the step window %s was not reached, so no trace was written", window)
+            return None
+        rows = top_operators(load_events(trace_file), tracer.op_categories, tracer.normalize)
+        (self.run_dir / f"top_ops.rank{rank}.md").write_text(operators_markdown(rows) + "\n")
+        if rank == 0:
+            log.info("top operators by self time (rank 0, steps %d-%d):\n%s", self.cfg.profiler.start + 1,
+                     self.cfg.profiler.start + self.cfg.profiler.steps, operators_markdown(rows[:10]))  # fmt: skip
+        return {"file": Path(trace_file).name, "top_operators": rows}
+
+    def _peak_memory(self, dist) -> Dict[str, Any]:
+        """Peak memory of every rank: host RSS, and the framework's device peak on accelerators."""
+        host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+        device = self.backend.peak_device_memory_mb(dist.device)
+        own = np.zeros((2, dist.world_size))
+        own[:, dist.rank] = host, device if device is not None else np.nan
+        every = dist.all_reduce(own, "sum") if dist.is_distributed else own
+        return {
+            "peak_host_rss_mb": [round(float(v), 1) for v in every[0]],
+            "peak_device_mb": None if device is None else [round(float(v), 1) for v in every[1]],
+        }
 
     def _check_ranks_in_sync(self, dist, model) -> bool:
         """Whether every rank ended with bit-identical parameters (they must, in data parallel)."""

@@ -10,10 +10,10 @@ import paddle
 import paddle.nn.functional as F
 
 from unitrain.backend import Backend
-from unitrain.config import AmpConfig, DistConfig, OptimConfig
+from unitrain.config import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
 from unitrain.models import ResNetSpec
 
-from . import data, distributed, models, optim, precision
+from . import data, distributed, models, optim, precision, profiler
 
 
 class PaddleBackend(Backend):
@@ -74,6 +74,12 @@ class PaddleBackend(Backend):
 
     def parameter_arrays(self, model):
         return {name: p.astype("float32").numpy() for name, p in model.named_parameters() if not p.stop_gradient}
+
+    def tracer(self, cfg: ProfilerConfig, path) -> profiler.PaddleTracer:
+        return profiler.PaddleTracer(cfg, path)
+
+    def peak_device_memory_mb(self, device: str) -> float | None:
+        return paddle.device.cuda.max_memory_allocated(device) / 2**20 if device.startswith("gpu") else None
 
     def freeze_batchnorm(self, model) -> None:
         for m in model.sublayers():

@@ -9,10 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from unitrain.backend import Backend
-from unitrain.config import AmpConfig, DistConfig, OptimConfig
+from unitrain.config import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
 from unitrain.models import ResNetSpec
 
-from . import data, distributed, models, optim, precision
+from . import data, distributed, models, optim, precision, profiler
 
 
 class TorchBackend(Backend):
@@ -66,6 +66,12 @@ class TorchBackend(Backend):
 
     def parameter_arrays(self, model):
         return {name: p.detach().float().cpu().numpy() for name, p in model.named_parameters()}
+
+    def tracer(self, cfg: ProfilerConfig, path) -> profiler.TorchTracer:
+        return profiler.TorchTracer(cfg, path)
+
+    def peak_device_memory_mb(self, device: str) -> float | None:
+        return torch.cuda.max_memory_allocated(device) / 2**20 if device.startswith("cuda") else None
 
     def freeze_batchnorm(self, model) -> None:
         for m in model.modules():
