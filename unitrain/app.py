@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from importlib import resources
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import hydra
@@ -12,9 +13,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 from omegaconf import DictConfig
 
+from unitrain.compare import write_report
 from unitrain.config import register_configs, validate
 from unitrain.errors import UnitrainError
-from unitrain.launch import launch
+from unitrain.launch import launch, run_isolated
 from unitrain.report import markdown_table
 from unitrain.trainer import train
 
@@ -27,14 +29,24 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     try:
         validate(cfg)
         if cfg.dist.nproc_per_node * cfg.dist.nnodes > 1:
-            summary = launch(cfg, run_dir)
+            job = launch
+        elif HydraConfig.get().mode.name == "MULTIRUN" or cfg.trainer.repeats > 1:
+            job = run_isolated
         else:
-            summary = train(cfg, run_dir)
+            job = train
+        if cfg.trainer.repeats == 1:
+            summary = job(cfg, run_dir)
+        else:
+            for i in range(cfg.trainer.repeats):
+                (Path(run_dir) / f"repeat{i}").mkdir(exist_ok=True)
+                summary = job(cfg, Path(run_dir) / f"repeat{i}")
     except UnitrainError as err:
         print(f"unitrain: error: {err}", file=sys.stderr, flush=True)
         sys.exit(getattr(err, "exit_code", 2))
     if summary is None:
         print(f"node {cfg.dist.node_rank} finished; node 0 holds the summary", flush=True)
+    elif HydraConfig.get().mode.name == "RUN" and cfg.trainer.repeats > 1:
+        print("\n" + write_report([run_dir]) + f"\n\nreport: {Path(run_dir) / 'report.html'}", flush=True)
     elif HydraConfig.get().mode.name == "RUN":
         summary["run_dir"] = run_dir
         print("\n" + markdown_table([summary]) + f"\n\nrun directory: {run_dir}", flush=True)

@@ -1,4 +1,4 @@
-"""Hydra callbacks: the comparison table at the end of a multirun."""
+"""Hydra callbacks: the comparison report at the end of a multirun."""
 
 from __future__ import annotations
 
@@ -8,17 +8,15 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from unitrain.report import load_summaries, markdown_table
+from unitrain.compare import write_report
 
 
-class ComparisonTable(Callback):
-    """After a sweep, print one table of every job's summary and keep it as comparison.md."""
+class ComparisonReport(Callback):
+    """After a sweep: one table of every job, printed, plus comparison.md, plots and report.html."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        summaries = load_summaries([sweep_dir])
-        if not summaries:
+        if not list(sweep_dir.rglob("summary.json")):
             return
-        table = markdown_table(summaries)
-        (sweep_dir / "comparison.md").write_text(table + "\n")
-        print(f"\n{table}\n\nwritten to {sweep_dir / 'comparison.md'}", flush=True)
+        table = write_report([sweep_dir])
+        print(f"\n{table}\n\nreport: {sweep_dir / 'report.html'}", flush=True)

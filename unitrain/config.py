@@ -27,6 +27,7 @@ PROFILER_MODES = ("off", "timer", "trace")
 SAMPLER_REMAINDERS = ("pad", "drop")
 SAMPLER_ORDERS = ("global", "shard")
 DATASET_NAMES = ("synthetic", "learnable", "imagefolder")
+LOGGERS = ("tensorboard", "visualdl")
 
 
 @dataclass
@@ -78,6 +79,8 @@ class DataConfig:
     # imagefolder only: a directory with one sub-directory of images per class.
     path: Optional[str] = None
     num_workers: int = 0
+    # Synthetic sets only: seconds of simulated decoding per sample, to study input pipelines.
+    sample_delay_s: float = 0.0
     shuffle: bool = True
     drop_last: bool = True
     # How the sampler splits data across replicas (see unitrain.sampler).
@@ -118,6 +121,10 @@ class TrainerConfig:
     accumulate_steps: int = 1
     # Write every rank's final parameters as NumPy (final_weights.rank<r>.npz) into the run dir.
     save_final_weights: bool = False
+    # Run the job this many times (each in a fresh process, into repeat<i>/), for medians and spreads.
+    repeats: int = 1
+    # Extra metric sinks besides metrics.jsonl: tensorboard (tensorboardX), visualdl.
+    loggers: List[str] = field(default_factory=list)
     checkpoint_every: int = 0
     resume: Optional[str] = None
 
@@ -224,6 +231,11 @@ def validate(cfg: UnitrainConfig | Any) -> None:
         _positive("trainer.threads", cfg.trainer.threads)
     _positive("trainer.log_every", cfg.trainer.log_every)
     _positive("trainer.accumulate_steps", cfg.trainer.accumulate_steps)
+    _positive("trainer.repeats", cfg.trainer.repeats)
+    for name in cfg.trainer.loggers:
+        _one_of("trainer.loggers", name, LOGGERS)
+    if cfg.data.sample_delay_s < 0:
+        raise ConfigError("data.sample_delay_s", cfg.data.sample_delay_s, "a number of seconds >= 0")
     _positive("dist.nproc_per_node", cfg.dist.nproc_per_node)
     _positive("dist.nnodes", cfg.dist.nnodes)
     if not 0 <= cfg.dist.node_rank < cfg.dist.nnodes:

@@ -7,6 +7,7 @@ index gives the same image in any process, worker or framework.
 from __future__ import annotations
 
 import os
+import time
 from typing import Tuple
 
 import numpy as np
@@ -25,8 +26,9 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".t
 class SyntheticDataset:
     """Random images and labels, like the seed's RandomDataset: measures speed, learns nothing."""
 
-    def __init__(self, num_samples: int, image_size: int = 32, num_classes: int = 10, seed: int = 0):
+    def __init__(self, num_samples: int, image_size: int = 32, num_classes: int = 10, seed: int = 0, sample_delay_s: float = 0.0):
         self.num_samples, self.image_size, self.num_classes, self.seed = num_samples, image_size, num_classes, seed
+        self.sample_delay_s = sample_delay_s
 
     def __len__(self) -> int:
         return self.num_samples
@@ -34,6 +36,8 @@ class SyntheticDataset:
     def _rng(self, index: int) -> np.random.Generator:
         if not 0 <= index < self.num_samples:
             raise IndexError(f"index {index} out of range for {self.num_samples} samples")
+        if self.sample_delay_s:
+            time.sleep(self.sample_delay_s)  # stands in for decoding a real image
         # Stream 0 holds samples, stream 1 the class templates: no overlap between them.
         return np.random.default_rng((self.seed, 0, index))
 
@@ -50,8 +54,8 @@ class LearnableDataset(SyntheticDataset):
     # Pattern amplitude against unit-variance noise: learned within tens to hundreds of CPU steps, not at once.
     signal = 1.0
 
-    def __init__(self, num_samples: int, image_size: int = 32, num_classes: int = 10, seed: int = 0):
-        super().__init__(num_samples, image_size, num_classes, seed)
+    def __init__(self, num_samples: int, image_size: int = 32, num_classes: int = 10, seed: int = 0, sample_delay_s: float = 0.0):
+        super().__init__(num_samples, image_size, num_classes, seed, sample_delay_s)
         templates = np.random.default_rng((seed, 1)).standard_normal(
             (num_classes, 3, image_size, image_size), dtype=np.float32
         )
@@ -111,4 +115,4 @@ def build_dataset(cfg, default_size: int, seed: int):
     cls = DATASETS.get(cfg.name)
     if cls is ImageFolderDataset:
         return ImageFolderDataset(cfg.path, cfg.image_size)
-    return cls(cfg.num_samples or default_size, cfg.image_size, cfg.num_classes, seed)
+    return cls(cfg.num_samples or default_size, cfg.image_size, cfg.num_classes, seed, cfg.sample_delay_s)

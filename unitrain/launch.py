@@ -193,14 +193,40 @@ def diagnose(run_dir: Path, launcher: Launcher, returncode: int) -> UnitrainErro
     return WorkerFailedError(f"{'; '.join(lines)}; {launcher.module} exited with code {returncode}\nlast lines of {worst}:\n{_tail(worst)}")
 
 
-def launch(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]:
-    """Run ``cfg`` data-parallel; returns rank 0's summary (None on nodes other than node 0)."""
-    run_dir = Path(run_dir).resolve()
-    launcher = LAUNCHERS.get(cfg.backend.name)
+def write_worker_config(cfg: UnitrainConfig, run_dir: Path) -> Path:
+    """The resolved config the workers load (threads resolved to each worker's share)."""
     worker_cfg = OmegaConf.to_container(cfg, resolve=True)
     worker_cfg["trainer"]["threads"] = resolve_threads(cfg.trainer.threads, cfg.dist.nproc_per_node)
     config_file = run_dir / "worker_config.yaml"
     OmegaConf.save(OmegaConf.create(worker_cfg), config_file)
+    return config_file
+
+
+def _read_summary(run_dir: Path) -> Optional[Dict[str, Any]]:
+    summary_file = run_dir / "summary.json"
+    return json.loads(summary_file.read_text()) if summary_file.exists() else None
+
+
+def run_isolated(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]:
+    """One process, but a fresh one: for sweeps, whose jobs Hydra runs one after another in its
+    own process. Each job then starts with no framework loaded by an earlier job, so its peak
+    memory, threads and start-up are its own."""
+    run_dir = Path(run_dir).resolve()
+    config_file = write_worker_config(cfg, run_dir)
+    command = [sys.executable, str(WORKER_SCRIPT), "--config", str(config_file), "--run-dir", str(run_dir)]
+    command += ["--rank-env", "RANK", "--local-rank-env", "LOCAL_RANK"]
+    returncode = subprocess.run(command).returncode  # output goes straight to this terminal
+    if returncode != 0:
+        failed = [s for s in worker_statuses(run_dir) if s["status"] == "failed" and s.get("user_error")]
+        raise UnitrainError(failed[0]["error"]) if failed else WorkerFailedError(f"the training process exited with code {returncode}")
+    return _read_summary(run_dir)
+
+
+def launch(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]:
+    """Run ``cfg`` data-parallel; returns rank 0's summary (None on nodes other than node 0)."""
+    run_dir = Path(run_dir).resolve()
+    launcher = LAUNCHERS.get(cfg.backend.name)
+    config_file = write_worker_config(cfg, run_dir)
 
     command = launcher.command(cfg.dist, run_dir, config_file)
     log.info("launching %d worker(s) on this node: %s", cfg.dist.nproc_per_node, shlex.join(command))
@@ -218,5 +244,4 @@ def launch(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]
             stop_everything(proc, run_dir)
     if proc.returncode != 0:
         raise diagnose(run_dir, launcher, proc.returncode)
-    summary_file = run_dir / "summary.json"
-    return json.loads(summary_file.read_text()) if summary_file.exists() else None
+    return _read_summary(run_dir)

@@ -21,8 +21,9 @@ def topk_accuracy(logits: np.ndarray, labels: np.ndarray, ks: Sequence[int] = (1
 class MetricsLog:
     """Keeps every step's record and appends it to ``metrics.jsonl`` when a path is given."""
 
-    def __init__(self, path: Path | None = None):
+    def __init__(self, path: Path | None = None, sinks: Sequence = ()):
         self.records: List[Dict[str, float]] = []
+        self.sinks = list(sinks)  # TensorBoard / VisualDL writers, when asked for
         self._file = open(path, "w", encoding="utf-8") if path else None
 
     def append(self, record: Dict[str, float]) -> None:
@@ -30,11 +31,16 @@ class MetricsLog:
         if self._file:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()
+        for sink in self.sinks:
+            sink.log(int(record["step"]), record)
 
     def close(self) -> None:
         if self._file:
             self._file.close()
             self._file = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
     def final(self, window: int = 10) -> Dict[str, float]:
         """Means over the last ``window`` steps: one step's loss is too noisy to compare runs by."""

@@ -18,6 +18,7 @@ from unitrain.backend import Backend, get_backend
 from unitrain.config import UnitrainConfig
 from unitrain.data import build_dataset
 from unitrain.errors import ConfigError
+from unitrain.loggers import make_sinks
 from unitrain.metrics import MetricsLog, topk_accuracy
 from unitrain.profiler import Profiler, Tracer
 from unitrain.progress import StepProgress
@@ -87,7 +88,8 @@ class Trainer:
 
         profiler = Profiler(cfg.profiler.warmup_steps, enabled=cfg.profiler.mode != "off")
         tracer = backend.tracer(cfg.profiler, self.run_dir / f"trace.rank{dist.rank}.json") if cfg.profiler.mode == "trace" else Tracer()
-        metrics = MetricsLog(self.run_dir / "metrics.jsonl" if dist.is_main_process else None)
+        main = dist.is_main_process
+        metrics = MetricsLog(self.run_dir / "metrics.jsonl" if main else None, make_sinks(cfg.trainer.loggers, self.run_dir) if main else ())
         log.info(
             "%s %s on %s (rank %d of %d), %d thread(s), %s, %d steps of %d samples (%d per device x %d micro-steps), lr %g",
             backend.package, backend.version(), dist.device, dist.rank, dist.world_size, self.threads,

@@ -1,0 +1,334 @@
+"""Compare runs: ``python -m unitrain.compare <run-or-multirun-dirs...>``.
+
+Reads each run's summary.json, metrics.jsonl and Hydra config, and writes into the output
+directory (the first argument by default): comparison.md (also printed), curves.png,
+throughput.png, step_time.png and a self-contained report.html. Runs that differ only by
+trainer.seed (a seed sweep) or that are repeats of one job (trainer.repeats) are one row, with
+the median and the spread over repeats. A ratio whose spread overlaps the baseline's is marked
+as within noise rather than presented as a ranking.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import html
+import json
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import yaml
+
+# What may differ between compared runs without making the comparison unfair: the axes of
+# comparison themselves. Anything else (threads, data, image size, steps...) draws a warning,
+# unless a multirun swept it on purpose.
+COMPARED_KEYS = ("backend", "amp", "dist", "trainer.seed", "trainer.repeats", "profiler", "trainer.progress", "trainer.log_every")
+
+
+@dataclass
+class Run:
+    dir: Path
+    summary: Dict[str, Any]
+    metrics: List[Dict[str, float]]
+    config: Dict[str, Any]
+    swept: List[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        s = self.summary
+        return f"{s['backend']} {s['precision']['requested']}" + (f" x{s['world_size']}" if s["world_size"] > 1 else "")
+
+    @property
+    def config_hash(self) -> str:
+        """A hash of everything but the compared axes: equal hashes, equal jobs apart from those."""
+        fair = {k: v for k, v in flatten(self.config).items() if not _compared(k, ())}
+        return hashlib.sha256(json.dumps(fair, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+    @property
+    def repeat_key(self) -> str:
+        """Runs with the same key are repeats of one job (they may differ only by the seed)."""
+        config = {k: v for k, v in flatten(self.config).items() if k != "trainer.seed"}
+        return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def _compared(key: str, swept) -> bool:
+    return any(key == a or key.startswith(a + ".") for a in (*COMPARED_KEYS, *swept))
+
+
+def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _hydra_dir(run_dir: Path) -> Optional[Path]:
+    for d in (run_dir, run_dir.parent):  # repeats live one level below the job directory
+        if (d / ".hydra" / "config.yaml").exists():
+            return d / ".hydra"
+    return None
+
+
+def _swept_keys(run_dir: Path) -> List[str]:
+    """Keys a multirun swept on purpose (``key=a,b``), from the sweep's multirun.yaml."""
+    for d in (run_dir.parent, run_dir.parent.parent):
+        if (d / "multirun.yaml").exists():
+            from hydra.core.override_parser.overrides_parser import OverridesParser
+
+            task = yaml.safe_load((d / "multirun.yaml").read_text())["hydra"]["overrides"]["task"]
+            parsed = OverridesParser.create().parse_overrides(task)
+            return [o.key_or_group.lstrip("+~") for o in parsed if o.is_sweep_override()]
+    return []
+
+
+def load_runs(dirs: Sequence[str | Path]) -> List[Run]:
+    """Every run in the given run, multirun or repeat directories, each once."""
+    found: Dict[Path, Run] = {}
+    for d in map(Path, dirs):
+        files = [d / "summary.json"] if (d / "summary.json").exists() else sorted(d.rglob("summary.json"))
+        if not files:
+            raise FileNotFoundError(f"no summary.json in {d} or below it: not a unitrain run or multirun directory")
+        for f in files:
+            run_dir = f.parent.resolve()
+            hydra = _hydra_dir(run_dir)
+            metrics_file = run_dir / "metrics.jsonl"
+            found[run_dir] = Run(
+                dir=run_dir,
+                summary=json.loads(f.read_text()),
+                metrics=[json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.exists() else [],
+                config=yaml.safe_load((hydra / "config.yaml").read_text()) if hydra else {},
+                swept=_swept_keys(run_dir),
+            )
+    return list(found.values())
+
+
+def group_repeats(runs: List[Run]) -> List[List[Run]]:
+    """Runs of the same configuration (up to the seed) form one group, in first-seen order."""
+    groups: Dict[str, List[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.repeat_key, []).append(run)
+    return list(groups.values())
+
+
+def _step_ips(run: Run) -> List[float]:
+    warmup = run.summary["profiler"].get("warmup_steps", 0) if run.summary.get("profiler") else 0
+    return [r["ips"] for r in run.metrics[warmup:]] or [r["ips"] for r in run.metrics]
+
+
+def throughput(group: List[Run]) -> Dict[str, float]:
+    """Median samples/s and its spread: over repeats when there are several, else over steps (p10-p90)."""
+    if len(group) > 1:
+        medians = [statistics.median(_step_ips(r)) for r in group]
+        return {"median": statistics.median(medians), "low": min(medians), "high": max(medians), "over": f"{len(group)} repeats"}
+    values = sorted(_step_ips(group[0]))
+    pick = lambda q: values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]  # noqa: E731
+    return {"median": statistics.median(values), "low": pick(0.1), "high": pick(0.9), "over": f"{len(values)} steps"}
+
+
+def time_to_loss(run: Run, target: float) -> Optional[float]:
+    elapsed = 0.0
+    for record in run.metrics:
+        elapsed += record["batch_cost"]
+        if record["loss"] <= target:
+            return elapsed
+    return None
+
+
+def fairness_warnings(runs: List[Run]) -> List[str]:
+    """What differs between runs beyond the axes being compared."""
+    if len(runs) < 2:
+        return []
+    swept = {k for r in runs for k in r.swept}
+    allowed = lambda key: _compared(key, swept)  # noqa: E731
+    flat = [flatten(r.config) for r in runs]
+    warnings = []
+    for key in sorted(set().union(*flat)):
+        values = {json.dumps(f.get(key), sort_keys=True, default=str) for f in flat}
+        if len(values) > 1 and not allowed(key):
+            warnings.append(f"runs differ in {key} ({' vs '.join(sorted(values))}): the comparison would not be fair")
+    # Resolved at run time, so the configs can agree (threads: null) while the runs did not.
+    for fact, key in (("threads", "trainer.threads"), ("device", "backend.device"), ("image_size", "data.image_size")):
+        values = {str(r.summary.get(fact)) for r in runs}
+        if len(values) > 1 and not allowed(key) and not any(w.startswith(f"runs differ in {key} ") for w in warnings):
+            warnings.append(f"runs differ in {fact} ({' vs '.join(sorted(values))}): the comparison would not be fair")
+    return warnings
+
+
+def table_rows(groups: List[List[Run]], baseline: int = 0, target_loss: Optional[float] = None) -> List[Dict[str, str]]:
+    base = throughput(groups[baseline])
+    rows = []
+    for i, group in enumerate(groups):
+        s, t = group[0].summary, throughput(group)
+        finals = [r.summary.get("final") or {} for r in group]
+        mean = lambda key: statistics.fmean(f[key] for f in finals if key in f) if any(key in f for f in finals) else None  # noqa: E731
+        ratio = t["median"] / base["median"] if base["median"] else float("nan")
+        overlap = i != baseline and t["low"] <= base["high"] and base["low"] <= t["high"]
+        memory = max((r.summary.get("memory") or {}).get("peak_host_rss_mb", [0]) for r in group)
+        reached = [time_to_loss(r, target_loss) for r in group] if target_loss is not None else []
+        p = s["precision"]
+        rows.append({
+            "backend": s["backend"],
+            "amp requested": p["requested"],
+            "amp effective": p["effective"],
+            "world": str(s["world_size"]),
+            "global batch": str(s["global_batch_size"]),
+            "samples/s": f"{t['median']:.1f}",
+            "spread": f"{t['low']:.1f}-{t['high']:.1f} ({t['over']})",
+            "vs baseline": "baseline" if i == baseline else f"x{ratio:.2f}" + (" (within noise)" if overlap else ""),
+            "reader ratio": f"{100 * (s.get('profiler') or {}).get('reader_ratio', 0):.1f}%",
+            "peak RSS MB": f"{max(memory):.0f}" if memory else "n/a",
+            "final loss": "n/a" if mean("loss") is None else f"{mean('loss'):.4f}",
+            "final top-1": "n/a" if mean("top1") is None else f"{mean('top1'):.3f}",
+            **({"time to loss": ", ".join("not reached" if r is None else f"{r:.1f} s" for r in reached)} if target_loss is not None else {}),
+        })  # fmt: skip
+    return rows
+
+
+def markdown(rows: List[Dict[str, str]]) -> str:
+    if not rows:
+        return "(no runs)"
+    cols = list(rows[0])
+    return "\n".join(["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"] + ["| " + " | ".join(r[c] for c in cols) + " |" for r in rows])
+
+
+def environment(runs: List[Run]) -> List[Dict[str, str]]:
+    return [
+        {
+            "run": str(r.dir.name),
+            "framework": f"{r.summary['framework']} {r.summary['version']}",
+            "device": r.summary["device"],
+            "threads": str(r.summary["threads"]),
+            "loader workers": str(r.config.get("data", {}).get("num_workers", "?")),
+            "world": str(r.summary["world_size"]),
+            "seed": str(r.summary["seed"]),
+            "config hash": r.config_hash,
+        }
+        for r in runs
+    ]
+
+
+def plot(groups: List[List[Run]], out: Path) -> List[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    files = []
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    for group in groups:
+        for j, run in enumerate(group):
+            steps = [r["step"] for r in run.metrics]
+            label = run.label if j == 0 else None
+            color = None if j == 0 else ax_loss.lines[-1].get_color()
+            ax_loss.plot(steps, [r["loss"] for r in run.metrics], label=label, color=color, alpha=1.0 if j == 0 else 0.5)
+            ax_acc.plot(steps, [r["top1"] for r in run.metrics], label=label, color=color, alpha=1.0 if j == 0 else 0.5)
+    ax_loss.set(title="training loss", xlabel="step", ylabel="loss")
+    ax_acc.set(title="top-1 accuracy (training batches)", xlabel="step", ylabel="top-1", ylim=(0, 1.02))
+    ax_loss.legend(fontsize=8)
+    fig.tight_layout()
+    files.append(_save(fig, out / "curves.png"))
+
+    labels = [g[0].label for g in groups]
+    t = [throughput(g) for g in groups]
+    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(groups)), 4))
+    medians = [x["median"] for x in t]
+    errors = [[m - x["low"] for m, x in zip(medians, t)], [x["high"] - m for m, x in zip(medians, t)]]
+    ax.bar(labels, medians, yerr=errors, capsize=4, color="tab:blue")
+    ax.set(title="throughput (median, spread)", ylabel="samples/s")
+    ax.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    files.append(_save(fig, out / "throughput.png"))
+
+    fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(groups)), 4))
+    reader = [statistics.median(r["reader_cost"] for r in g[0].metrics) * 1e3 for g in groups]
+    compute = [statistics.median(r["batch_cost"] - r["reader_cost"] for r in g[0].metrics) * 1e3 for g in groups]
+    ax.bar(labels, compute, label="compute", color="tab:orange")
+    ax.bar(labels, reader, bottom=compute, label="waiting for data", color="tab:gray")
+    ax.set(title="step time breakdown (median)", ylabel="ms per step")
+    ax.tick_params(axis="x", rotation=20)
+    ax.legend()
+    fig.tight_layout()
+    files.append(_save(fig, out / "step_time.png"))
+    return files
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=110)
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return path
+
+
+def _html_table(rows: List[Dict[str, str]]) -> str:
+    if not rows:
+        return "<p>(none)</p>"
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r.values()) + "</tr>" for r in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def write_html(path: Path, rows, env, warnings, images: List[Path]) -> None:
+    """One file with everything inlined (images as data URIs): opens in a browser, no server."""
+    imgs = "".join(
+        f'<figure><img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}"></figure>' for p in images
+    )
+    warn = "".join(f"<li>{html.escape(w)}</li>" for w in warnings)
+    path.write_text(
+        "<!doctype html><html><head><meta charset='utf-8'><title>unitrain comparison</title><style>"
+        "body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;margin:1em 0}"
+        "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}th{background:#f3f3f3}"
+        ".warn{background:#fff4e5;border-left:4px solid #f0a020;padding:.5em 1em}img{max-width:100%}"
+        "</style></head><body><h1>unitrain comparison</h1>"
+        + (f"<div class='warn'><strong>Not a fair comparison:</strong><ul>{warn}</ul></div>" if warnings else "")
+        + "<h2>Results</h2>" + _html_table(rows) + "<h2>Plots</h2>" + imgs + "<h2>Environment</h2>" + _html_table(env)
+        + "</body></html>",
+        encoding="utf-8",
+    )  # fmt: skip
+
+
+def write_report(dirs: Sequence[str | Path], out: str | Path | None = None, baseline: int = 0, target_loss: Optional[float] = None) -> str:
+    """Write comparison.md, the plots and report.html into ``out``; return the Markdown."""
+    runs = load_runs(dirs)
+    out = Path(out or dirs[0])
+    out.mkdir(parents=True, exist_ok=True)
+    groups = group_repeats(runs)
+    if not 0 <= baseline < len(groups):
+        raise ValueError(f"--baseline {baseline} is out of range: there are {len(groups)} rows (0..{len(groups) - 1})")
+    rows, env, warnings = table_rows(groups, baseline, target_loss), environment(runs), fairness_warnings(runs)
+    images = plot(groups, out)
+    text = markdown(rows)
+    text += "\n\nsamples/s: median over steps after warm-up (or over repeats); final loss/top-1: mean of the last steps."
+    if warnings:
+        text += "\n\nWARNING: " + "\nWARNING: ".join(warnings)
+    (out / "comparison.md").write_text(text + "\n\n## Environment\n\n" + markdown(env) + "\n")
+    write_html(out / "report.html", rows, env, warnings, images)
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m unitrain.compare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("dirs", nargs="+", help="run directories, multirun directories, or both")
+    parser.add_argument("--out", help="where to write the report (default: the first directory)")
+    parser.add_argument("--baseline", type=int, default=0, help="row that ratios refer to (default 0)")
+    parser.add_argument("--target-loss", type=float, help="also report the time each run took to reach this loss")
+    args = parser.parse_args(argv)
+    try:
+        text = write_report(args.dirs, args.out, args.baseline, args.target_loss)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"unitrain.compare: error: {err}", file=sys.stderr)
+        return 2
+    out = Path(args.out or args.dirs[0])
+    print(f"{text}\n\nreport: {out / 'report.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

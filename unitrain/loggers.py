@@ -1,0 +1,63 @@
+"""Optional metric sinks beside metrics.jsonl: TensorBoard (tensorboardX) and VisualDL.
+
+Selected with ``trainer.loggers=[tensorboard]`` / ``[visualdl]``; off by default. Their
+packages load only when chosen, and a missing one stops the run at start naming the extra.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List
+
+from unitrain.errors import BackendUnavailableError
+
+SCALARS = ("loss", "top1", "top5", "lr", "ips", "batch_cost", "reader_cost", "loss_scale")
+
+
+class MetricSink:
+    def log(self, step: int, record: Dict[str, float]) -> None:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoardSink(MetricSink):
+    def __init__(self, log_dir: Path):
+        try:
+            from tensorboardX import SummaryWriter
+        except ImportError:
+            raise BackendUnavailableError("trainer.loggers=[tensorboard] needs tensorboardX: pip install 'unitrain[tensorboard]'") from None
+        self.writer = SummaryWriter(logdir=str(log_dir))
+
+    def log(self, step: int, record: Dict[str, float]) -> None:
+        for key in SCALARS:
+            if key in record:
+                self.writer.add_scalar(f"train/{key}", record[key], step)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class VisualDLSink(MetricSink):
+    def __init__(self, log_dir: Path):
+        try:
+            from visualdl import LogWriter
+        except ImportError:
+            raise BackendUnavailableError("trainer.loggers=[visualdl] needs VisualDL: pip install 'unitrain[visualdl]'") from None
+        self.writer = LogWriter(logdir=str(log_dir))
+
+    def log(self, step: int, record: Dict[str, float]) -> None:
+        for key in SCALARS:
+            if key in record:
+                self.writer.add_scalar(tag=f"train/{key}", step=step, value=record[key])
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+SINKS = {"tensorboard": TensorBoardSink, "visualdl": VisualDLSink}
+
+
+def make_sinks(names: List[str], run_dir: Path) -> List[MetricSink]:
+    return [SINKS[name](run_dir / name) for name in names]
