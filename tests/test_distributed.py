@@ -163,7 +163,7 @@ def test_multirun_over_both_backends_in_data_parallel(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     table = (tmp_path / "multirun" / "comparison.md").read_text()
     rows = [line.split("|") for line in table.splitlines() if line.startswith("| paddle") or line.startswith("| torch")]
-    assert [(r[1].strip(), r[5].strip()) for r in rows] == [("paddle", "2"), ("torch", "2")]
+    assert [(r[1].strip(), r[4].strip()) for r in rows] == [("paddle", "2"), ("torch", "2")]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
