@@ -19,9 +19,10 @@ class PaddleTracer(Tracer):
     op_categories = ("Operator", "Kernel")
 
     def __init__(self, cfg: ProfilerConfig, path: Path):
-        self.path, self.written = path, False
+        super().__init__(path)
         targets = [pprof.ProfilerTarget.CPU] + ([pprof.ProfilerTarget.GPU] if paddle.is_compiled_with_cuda() else [])
-        self.profiler = pprof.Profiler(targets=targets, scheduler=(cfg.start, cfg.start + cfg.steps), on_trace_ready=self._export)
+        # Steps [start, start + steps) are recorded.
+        self.profiler = pprof.Profiler(targets=targets, scheduler=(cfg.start, cfg.start + cfg.steps), on_trace_ready=self._on_trace_ready)
 
     def normalize(self, name: str) -> str:
         while True:
@@ -30,16 +31,5 @@ class PaddleTracer(Tracer):
                 return name
             name = stripped
 
-    def _export(self, prof) -> None:
+    def export(self, prof) -> None:
         prof.export(str(self.path), format="json")
-        self.written = True
-
-    def start(self) -> None:
-        self.profiler.start()
-
-    def step(self) -> None:
-        self.profiler.step()
-
-    def stop(self) -> Path | None:
-        self.profiler.stop()
-        return self.path if self.written else None

@@ -15,23 +15,12 @@ class TorchTracer(Tracer):
     op_categories = ("cpu_op", "kernel", "gpu_op")
 
     def __init__(self, cfg: ProfilerConfig, path: Path):
-        self.path, self.written = path, False
+        super().__init__(path)
         activities = [tprof.ProfilerActivity.CPU] + ([tprof.ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         # Steps [start, start + steps) are recorded: wait until then, one warm-up step if there is room.
         warmup = 1 if cfg.start > 0 else 0
         schedule = tprof.schedule(wait=cfg.start - warmup, warmup=warmup, active=cfg.steps, repeat=1)
-        self.profiler = tprof.profile(activities=activities, schedule=schedule, on_trace_ready=self._export)
+        self.profiler = tprof.profile(activities=activities, schedule=schedule, on_trace_ready=self._on_trace_ready)
 
-    def _export(self, prof) -> None:
+    def export(self, prof) -> None:
         prof.export_chrome_trace(str(self.path))
-        self.written = True
-
-    def start(self) -> None:
-        self.profiler.start()
-
-    def step(self) -> None:
-        self.profiler.step()
-
-    def stop(self) -> Path | None:
-        self.profiler.stop()
-        return self.path if self.written else None
