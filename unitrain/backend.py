@@ -16,7 +16,9 @@ from typing import Any, Dict, Iterable, List, Sequence
 
 from unitrain.config import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
 from unitrain.distributed import DistributedContext
-from unitrain.errors import BackendUnavailableError, UnknownNameError
+from unitrain.errors import BackendUnavailableError, UnitrainError, UnknownNameError
+from unitrain.convert import from_canonical, to_canonical
+from unitrain.init import shared_init
 from unitrain.models import MODELS, ResNetSpec
 from unitrain.precision import MixedPrecision
 from unitrain.profiler import Tracer
@@ -54,10 +56,19 @@ class Backend(ABC):
     def precision(self, cfg: AmpConfig | None = None) -> MixedPrecision:
         return MixedPrecision(cfg)
 
-    def build_model(self, model: str | ResNetSpec, num_classes: int, device: str | None = None, zero_init_residual: bool = True):
-        """A ResNet from the shared specs (``"tiny"``, ``"resnet18"``, ``"resnet50"``), on ``device``."""
+    def build_model(
+        self, model: str | ResNetSpec, num_classes: int, device: str | None = None, zero_init_residual: bool = True, init: str = "framework", seed: int = 0
+    ):
+        """A ResNet from the shared specs (``"tiny"``, ``"resnet18"``, ``"resnet50"``), on ``device``.
+
+        ``init="shared"`` loads weights drawn in NumPy from ``seed``: the same on every framework.
+        """
         spec = MODELS.get(model) if isinstance(model, str) else model
         net = self._build_resnet(spec, num_classes, zero_init_residual)
+        if init == "shared":
+            canonical = to_canonical(self.name, self.state_arrays(net))
+            shapes = {name: tuple(array.shape) for name, array in canonical.items()}
+            self.load_state_arrays(net, from_canonical(self.name, shared_init(shapes, spec, seed, zero_init_residual)))
         # Both frameworks' layers have .to(device) returning the layer itself.
         return net.to(device) if device else net
 
@@ -88,8 +99,24 @@ class Backend(ABC):
         """Trainable parameters (BatchNorm running statistics are not counted)."""
 
     @abstractmethod
+    def state_arrays(self, model) -> Dict[str, Any]:
+        """Every parameter and buffer as NumPy, in the framework's own names and layouts."""
+
+    @abstractmethod
+    def load_state_arrays(self, model, arrays: Dict[str, Any]) -> None:
+        """Set the model's state from :meth:`state_arrays`-style NumPy arrays (names and shapes must match)."""
+
+    @abstractmethod
     def parameter_arrays(self, model) -> Dict[str, Any]:
         """Trainable parameters as NumPy arrays, by name (the names line up across backends)."""
+
+    @abstractmethod
+    def set_deterministic(self) -> Dict[str, Any]:
+        """Ask the framework for deterministic kernels; returns what was set, for the record."""
+
+    @abstractmethod
+    def capture_outputs(self, model):
+        """Context manager yielding a list that fills with (layer name, NumPy output) per leaf layer."""
 
     @abstractmethod
     def tracer(self, cfg: ProfilerConfig, path: Path) -> Tracer:
@@ -105,6 +132,19 @@ class Backend(ABC):
 
     def describe(self) -> Dict[str, Any]:
         return {"backend": self.name, "framework": self.package, "version": self.version(), "threads": self.threads()}
+
+
+def check_state(names, shapes: Dict[str, tuple], arrays: Dict[str, Any]) -> None:
+    """One line naming what does not fit, before a framework half-loads a state."""
+    missing, unexpected = sorted(set(names) - set(arrays)), sorted(set(arrays) - set(names))
+    if missing or unexpected:
+        raise UnitrainError(
+            f"the weights do not fit this model: {len(missing)} missing ({', '.join(missing[:3])}"
+            f"{'...' if len(missing) > 3 else ''}), {len(unexpected)} unexpected ({', '.join(unexpected[:3])}{'...' if len(unexpected) > 3 else ''})"
+        )
+    wrong = [f"{k} {tuple(arrays[k].shape)} vs {shapes[k]}" for k in names if tuple(arrays[k].shape) != shapes[k]]
+    if wrong:
+        raise UnitrainError(f"the weights do not fit this model: shapes differ for {len(wrong)} tensor(s), e.g. {wrong[0]}")
 
 
 @dataclass(frozen=True)

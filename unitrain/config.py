@@ -60,7 +60,8 @@ class AmpConfig:
 class ModelConfig:
     name: str = MISSING
     # Where initial weights come from: "framework" draws them with each framework's own RNG,
-    # using one init scheme (Kaiming fan-out convs, unit BatchNorm) on both.
+    # using one init scheme (Kaiming fan-out convs, unit BatchNorm) on both; "shared" draws them
+    # once in NumPy from trainer.seed, so every framework starts from the same weights.
     init: str = "framework"
     # Zero the last BatchNorm scale of each residual branch, so every block starts as the identity.
     zero_init_residual: bool = True
@@ -197,7 +198,7 @@ def validate(cfg: UnitrainConfig | Any) -> None:
     _positive("amp.incr_every_n_steps", cfg.amp.incr_every_n_steps)
     _positive("amp.decr_every_n_nan_or_inf", cfg.amp.decr_every_n_nan_or_inf)
     _one_of("model.name", cfg.model.name, MODELS.names())
-    _one_of("model.init", cfg.model.init, ("framework",))
+    _one_of("model.init", cfg.model.init, ("framework", "shared"))
     _one_of("data.name", cfg.data.name, DATASET_NAMES)
     _positive("data.image_size", cfg.data.image_size)
     _positive("data.num_classes", cfg.data.num_classes)

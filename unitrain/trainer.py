@@ -80,7 +80,7 @@ class Trainer:
         total_steps = steps_per_epoch * cfg.trainer.epochs
         num_classes = getattr(dataset, "num_classes", cfg.data.num_classes)
 
-        model = backend.build_model(cfg.model.name, num_classes, dist.device, cfg.model.zero_init_residual)
+        model = backend.build_model(cfg.model.name, num_classes, dist.device, cfg.model.zero_init_residual, cfg.model.init, cfg.trainer.seed)
         optimizer = backend.build_optimizer(model, cfg.optim)
         model, optimizer = precision.decorate(model, optimizer)
         model, optimizer = dist.wrap_model(model), dist.wrap_optimizer(optimizer)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 
@@ -9,7 +10,7 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from unitrain.backend import Backend
+from unitrain.backend import Backend, check_state as _check_state
 from unitrain.config import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
 from unitrain.models import ResNetSpec
 
@@ -71,6 +72,37 @@ class PaddleBackend(Backend):
         # Paddle keeps BatchNorm running statistics as parameters with stop_gradient set;
         # count trainable ones only, as torch (where they are buffers) does.
         return sum(math.prod(p.shape) for p in model.parameters() if not p.stop_gradient)
+
+    def state_arrays(self, model):
+        return {name: t.numpy().copy() for name, t in model.state_dict().items()}
+
+    def load_state_arrays(self, model, arrays) -> None:
+        state = model.state_dict()
+        _check_state(state.keys(), {k: tuple(v.shape) for k, v in state.items()}, arrays)
+        model.set_state_dict({k: np.ascontiguousarray(v) for k, v in arrays.items()})
+
+    def set_deterministic(self) -> dict:
+        # The CPU build has no such flag (and no cuDNN); its CPU kernels gave identical
+        # results run after run at a fixed thread count here.
+        if not paddle.is_compiled_with_cuda():
+            return {"FLAGS_cudnn_deterministic": "n/a (CPU build)", "threads": self.threads()}
+        paddle.set_flags({"FLAGS_cudnn_deterministic": True})
+        return {"FLAGS_cudnn_deterministic": True, "threads": self.threads()}
+
+    @contextlib.contextmanager
+    def capture_outputs(self, model):
+        """Record every leaf layer's output, in execution order, during the block."""
+        outputs: list = []
+        hooks = [
+            layer.register_forward_post_hook(lambda layer, i, o, name=name: outputs.append((name, o.astype("float32").numpy())))
+            for name, layer in model.named_sublayers()
+            if not layer.sublayers()
+        ]
+        try:
+            yield outputs
+        finally:
+            for h in hooks:
+                h.remove()
 
     def parameter_arrays(self, model):
         return {name: p.astype("float32").numpy() for name, p in model.named_parameters() if not p.stop_gradient}

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from unitrain.backend import Backend
+from unitrain.backend import Backend, check_state as _check_state
 from unitrain.config import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
 from unitrain.models import ResNetSpec
 
@@ -63,6 +64,34 @@ class TorchBackend(Backend):
 
     def num_parameters(self, model) -> int:
         return sum(p.numel() for p in model.parameters())
+
+    def state_arrays(self, model):
+        return {name: t.detach().cpu().numpy().copy() for name, t in model.state_dict().items()}
+
+    def load_state_arrays(self, model, arrays) -> None:
+        state = model.state_dict()
+        _check_state(state.keys(), {k: tuple(v.shape) for k, v in state.items()}, arrays)
+        model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+    def set_deterministic(self) -> dict:
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+        return {"torch.use_deterministic_algorithms": True, "cudnn.benchmark": False, "threads": self.threads()}
+
+    @contextlib.contextmanager
+    def capture_outputs(self, model):
+        """Record every leaf layer's output, in execution order, during the block."""
+        outputs: list = []
+        hooks = [
+            m.register_forward_hook(lambda m, i, o, name=name: outputs.append((name, o.detach().float().cpu().numpy())))
+            for name, m in model.named_modules()
+            if not list(m.children())
+        ]
+        try:
+            yield outputs
+        finally:
+            for h in hooks:
+                h.remove()
 
     def parameter_arrays(self, model):
         return {name: p.detach().float().cpu().numpy() for name, p in model.named_parameters()}

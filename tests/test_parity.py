@@ -1,0 +1,99 @@
+"""Cross-framework parity: shared weights, exact conversion, the parity command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import paddle
+import pytest
+import torch
+
+import unitrain
+from unitrain.convert import convert, from_canonical, to_canonical
+
+P, T = unitrain.get_backend("paddle"), unitrain.get_backend("torch")
+
+
+@pytest.mark.parametrize("name", ["tiny", "resnet18", "resnet50"])
+def test_round_trip_conversion_is_exact(name):
+    torch_state = T.state_arrays(T.build_model(name, 10))
+    back = convert(convert(torch_state, "torch", "paddle"), "paddle", "torch")
+    for key, value in torch_state.items():
+        if key.endswith("num_batches_tracked"):
+            assert back[key] == 0  # paddle has no such counter
+        else:
+            assert back[key].dtype == value.dtype and np.array_equal(back[key], value), key
+    paddle_state = P.state_arrays(P.build_model(name, 10))
+    again = convert(convert(paddle_state, "paddle", "torch"), "torch", "paddle")
+    assert again.keys() == paddle_state.keys() and all(np.array_equal(again[k], v) for k, v in paddle_state.items())
+
+
+def test_layouts_and_names_are_mapped():
+    canonical = to_canonical("paddle", P.state_arrays(P.build_model("tiny", 7)))
+    assert canonical["fc.weight"].shape == (7, 64)  # paddle keeps [in, out]
+    assert "bn1.running_mean" in canonical and "bn1.running_var" in canonical
+    assert "bn1._mean" in from_canonical("paddle", canonical)
+
+
+def test_converted_model_computes_the_same_outputs():
+    torch_model = T.build_model("resnet18", 10)
+    with torch.no_grad():  # non-trivial running statistics, so eval mode tests their mapping
+        for m in torch_model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    paddle_model = P.build_model("resnet18", 10)
+    P.load_state_arrays(paddle_model, convert(T.state_arrays(torch_model), "torch", "paddle"))
+    torch_model.eval()
+    paddle_model.eval()
+    x = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    expected = torch_model(torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(paddle_model(paddle.to_tensor(x)).numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_shared_init_is_identical_on_both_frameworks():
+    a = to_canonical("paddle", P.state_arrays(P.build_model("resnet18", 10, init="shared", seed=5)))
+    b = T.state_arrays(T.build_model("resnet18", 10, init="shared", seed=5))
+    assert all(np.array_equal(a[k], b[k]) for k in b if not k.endswith("tracked"))
+    c = T.state_arrays(T.build_model("resnet18", 10, init="shared", seed=6))
+    assert not np.array_equal(b["conv1.weight"], c["conv1.weight"])
+    assert np.all(b["layer1.0.bn2.weight"] == 0) and np.all(b["layer1.0.bn1.weight"] == 1)  # zero-init residual
+
+
+def test_weights_for_another_model_are_refused_in_one_line():
+    with pytest.raises(unitrain.UnitrainError, match="the weights do not fit this model: .* missing"):
+        T.load_state_arrays(T.build_model("resnet18", 10), T.state_arrays(T.build_model("tiny", 10)))
+    with pytest.raises(unitrain.UnitrainError, match="shapes differ"):
+        P.load_state_arrays(P.build_model("tiny", 10), P.state_arrays(P.build_model("tiny", 5)))
+
+
+def run_parity(tmp_path, *args):
+    return subprocess.run(
+        [sys.executable, "-m", "unitrain.parity", *args, "trainer.threads=2", f"hydra.run.dir={tmp_path}"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=300,
+    )  # fmt: skip
+
+
+def test_parity_of_the_tiny_model_within_tolerance(tmp_path):
+    proc = run_parity(tmp_path, "model=tiny", "data.image_size=16", "steps=8", "tolerance=1e-5")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads((tmp_path / "parity.json").read_text())
+    assert report["passed"] and len(report["per_step"]) == 8 and report["max_rel_loss_diff"] <= 1e-5
+    assert report["first_batch_activations"]["layers_compared"] == 36
+    assert report["first_batch_activations"]["first_beyond_tolerance"] is None
+    assert all(r["max_param_diff"] < 1e-5 for r in report["per_step"])
+    assert report["determinism"]["torch"]["torch.use_deterministic_algorithms"] is True
+    assert (tmp_path / "parity.png").read_bytes().startswith(b"\x89PNG")
+    assert "| step | loss paddle | loss torch |" in proc.stdout and "within tolerance" in proc.stdout
+
+
+def test_parity_beyond_tolerance_exits_non_zero_and_names_the_layer(tmp_path):
+    # A tolerance no fp32 computation meets: the command must fail, and point at a layer.
+    proc = run_parity(tmp_path, "model=tiny", "data.image_size=16", "steps=3", "tolerance=1e-15", "activation_tolerance=1e-15")
+    assert proc.returncode == 1
+    report = json.loads((tmp_path / "parity.json").read_text())
+    assert not report["passed"] and report["first_batch_activations"]["first_beyond_tolerance"]["layer"]
+    assert "BEYOND tolerance" in proc.stdout
