@@ -17,7 +17,7 @@ from typing import Any, Dict, Iterable, List, Sequence
 from unitrain.config import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
 from unitrain.distributed import DistributedContext
 from unitrain.errors import BackendUnavailableError, UnitrainError, UnknownNameError
-from unitrain.convert import from_canonical, to_canonical
+from unitrain.state import from_canonical, to_canonical
 from unitrain.init import shared_init
 from unitrain.models import MODELS, ResNetSpec
 from unitrain.precision import MixedPrecision
@@ -105,6 +105,14 @@ class Backend(ABC):
     @abstractmethod
     def load_state_arrays(self, model, arrays: Dict[str, Any]) -> None:
         """Set the model's state from :meth:`state_arrays`-style NumPy arrays (names and shapes must match)."""
+
+    @abstractmethod
+    def save_training_state(self, path: Path, optimizer, extra: Dict[str, Any]) -> None:
+        """Optimizer state, RNG states and ``extra`` in the framework's own file format."""
+
+    @abstractmethod
+    def load_training_state(self, path: Path, optimizer) -> Dict[str, Any]:
+        """Restore what :meth:`save_training_state` wrote; returns its ``extra``."""
 
     @abstractmethod
     def parameter_arrays(self, model) -> Dict[str, Any]:

@@ -1,62 +1,64 @@
-"""Model state between frameworks, as NumPy: the canonical layout is PyTorch's.
+"""``python -m unitrain.convert <checkpoint> --to torch|paddle``: a checkpoint as native weights.
 
-Paddle and PyTorch name the ResNet parameters unitrain builds the same way, except that
-Paddle's BatchNorm statistics are ``_mean``/``_variance`` (``running_mean``/``running_var``)
-and its Linear weights are stored [in, out] (PyTorch: [out, in]). PyTorch also counts
-``num_batches_tracked`` per BatchNorm, which Paddle has no counterpart for; it only matters
-when BatchNorm's momentum is None, which unitrain never uses, so it is set to 0 on the way in
-and dropped on the way out. Every other value round-trips bit for bit.
+The output loads with plain framework code, no unitrain needed:
+``model.load_state_dict(torch.load(path))`` or ``layer.set_state_dict(paddle.load(path))``.
 """
 
 from __future__ import annotations
 
-from typing import Dict
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
+from unitrain.backend import get_backend
+from unitrain.checkpoint import find_checkpoint, read_meta, read_model_arrays
 from unitrain.errors import UnitrainError
+from unitrain.state import FRAMEWORKS, Arrays, convert
 
-Arrays = Dict[str, np.ndarray]
-FRAMEWORKS = ("paddle", "torch")
-_PADDLE_TO_TORCH_SUFFIX = {"._mean": ".running_mean", "._variance": ".running_var"}
-
-
-def _is_linear_weight(name: str, array: np.ndarray) -> bool:
-    # In the ResNets, 2-D weights are exactly the Linear ones (conv weights are 4-D).
-    return name.endswith(".weight") and array.ndim == 2
+NATIVE_SUFFIX = {"torch": ".pt", "paddle": ".pdparams"}
 
 
-def to_canonical(framework: str, arrays: Arrays) -> Arrays:
-    if framework == "torch":
-        return dict(arrays)
-    if framework != "paddle":
-        raise UnitrainError(f"unknown framework {framework!r}; available: {', '.join(FRAMEWORKS)}")
-    out: Arrays = {}
-    for name, array in arrays.items():
-        for old, new in _PADDLE_TO_TORCH_SUFFIX.items():
-            if name.endswith(old):
-                name = name[: -len(old)] + new
-                if new == ".running_var":
-                    out[name[: -len(new)] + ".num_batches_tracked"] = np.array(0, dtype=np.int64)
-        out[name] = np.ascontiguousarray(array.T) if _is_linear_weight(name, array) else array
-    return out
+def export_native(arrays: Arrays, target: str, path: Path) -> None:
+    """Write ``target``'s own format, loadable without unitrain: a torch state_dict file
+    (``torch.load`` then ``load_state_dict``) or a ``.pdparams`` (``paddle.load`` then
+    ``set_state_dict``). Written beside and renamed, so a failure leaves no half file."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    get_backend(target)  # imports the framework the way unitrain does (and fails clearly if it is missing)
+    if target == "torch":
+        import torch
+
+        torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}, tmp)
+    else:
+        import paddle
+
+        paddle.save({k: paddle.to_tensor(v) for k, v in arrays.items()}, str(tmp))
+    os.replace(tmp, path)
 
 
-def from_canonical(framework: str, arrays: Arrays) -> Arrays:
-    if framework == "torch":
-        return dict(arrays)
-    if framework != "paddle":
-        raise UnitrainError(f"unknown framework {framework!r}; available: {', '.join(FRAMEWORKS)}")
-    out: Arrays = {}
-    for name, array in arrays.items():
-        if name.endswith(".num_batches_tracked"):
-            continue
-        for old, new in _PADDLE_TO_TORCH_SUFFIX.items():
-            if name.endswith(new):
-                name = name[: -len(new)] + old
-        out[name] = np.ascontiguousarray(array.T) if _is_linear_weight(name, array) else array
-    return out
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m unitrain.convert", description="Turn a unitrain checkpoint into a framework's native weights file."
+    )
+    parser.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its latest checkpoint)")
+    parser.add_argument("--to", required=True, choices=FRAMEWORKS, help="the framework whose format to write")
+    parser.add_argument("--out", help="output file (default: <checkpoint>/model.<framework>.pt|pdparams)")
+    args = parser.parse_args(argv)
+    try:
+        path = find_checkpoint(args.checkpoint, [], key="checkpoint")
+        meta = read_meta(path)
+        arrays = convert(read_model_arrays(path), meta["framework"], args.to)
+        out = Path(args.out) if args.out else path / f"model.{args.to}{NATIVE_SUFFIX[args.to]}"
+        export_native(arrays, args.to, out)
+    except UnitrainError as err:
+        print(f"unitrain.convert: error: {err}", file=sys.stderr)
+        return 2
+    print(f"{meta['framework']} checkpoint {path} (model={meta['model']}, step {meta['step']}) -> {args.to}: {out}")
+    return 0
 
 
-def convert(arrays: Arrays, source: str, target: str) -> Arrays:
-    return from_canonical(target, to_canonical(source, arrays))
+if __name__ == "__main__":
+    sys.exit(main())

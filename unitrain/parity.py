@@ -25,7 +25,7 @@ from omegaconf import DictConfig
 
 from unitrain.backend import get_backend
 from unitrain.config import DataConfig, ModelConfig, OptimConfig, TrainerConfig, register_configs
-from unitrain.convert import to_canonical
+from unitrain.state import to_canonical
 from unitrain.data import build_dataset
 from unitrain.errors import ConfigError, UnitrainError
 from unitrain.sampler import DistributedBatchSampler

@@ -51,10 +51,11 @@ class DistributedBatchSampler:
         self.num_replicas, self.rank = num_replicas, rank
         self.shuffle, self.seed, self.drop_last = shuffle, seed, drop_last
         self.remainder, self.order = remainder, order
-        self.epoch = 0
+        self.epoch, self.start_batch = 0, 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
+        """Select the epoch's order; ``start_batch`` skips batches already trained (on resume)."""
+        self.epoch, self.start_batch = epoch, start_batch
 
     @property
     def per_replica(self) -> int:
@@ -82,9 +83,14 @@ class DistributedBatchSampler:
 
     def __iter__(self) -> Iterator[List[int]]:
         indices = self.indices().tolist()
-        for b in range(len(self)):
+        for b in range(self.start_batch, self.batches_per_epoch):
             yield indices[b * self.batch_size : (b + 1) * self.batch_size]
 
-    def __len__(self) -> int:
+    @property
+    def batches_per_epoch(self) -> int:
         split = math.floor if self.drop_last else math.ceil
         return split(self.per_replica / self.batch_size)
+
+    def __len__(self) -> int:
+        """Batches this epoch still yields."""
+        return max(0, self.batches_per_epoch - self.start_batch)

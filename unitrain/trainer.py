@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import logging
@@ -12,9 +13,11 @@ from pathlib import Path
 from typing import Any, Dict
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from unitrain import __version__
 from unitrain.backend import Backend, get_backend
+from unitrain.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from unitrain.config import UnitrainConfig
 from unitrain.data import build_dataset
 from unitrain.errors import ConfigError
@@ -83,6 +86,8 @@ class Trainer:
         model = backend.build_model(cfg.model.name, num_classes, dist.device, cfg.model.zero_init_residual, cfg.model.init, cfg.trainer.seed)
         optimizer = backend.build_optimizer(model, cfg.optim)
         model, optimizer = precision.decorate(model, optimizer)
+        start_step = self._resume(model, optimizer, precision)
+        raw_model, raw_optimizer = model, optimizer
         model, optimizer = dist.wrap_model(model), dist.wrap_optimizer(optimizer)
         loader = backend.make_loader(dataset, sampler, cfg.data.num_workers, dist.device)
 
@@ -99,14 +104,18 @@ class Trainer:
             total_steps, f"{backend.name} {cfg.model.name}", dist.is_main_process and cfg.trainer.progress, cfg.trainer.log_every
         )
         started = time.perf_counter()
-        step, micro, sums = 0, 0, np.zeros(3)
+        if start_step >= total_steps:
+            log.warning("the checkpoint is at step %d and this run has %d steps: nothing left to run", start_step, total_steps)
+        step, micro, sums = start_step, 0, np.zeros(3)
+        first_epoch, skip = divmod(start_step, steps_per_epoch)
         model.train()
         if cfg.model.freeze_bn:
             backend.freeze_batchnorm(model)
         tracer.start()
         try:
-            for epoch in range(cfg.trainer.epochs):
-                sampler.set_epoch(epoch)
+            for epoch in range(first_epoch, cfg.trainer.epochs):
+                # On resume, each rank skips the batches of its own shard it has trained on.
+                sampler.set_epoch(epoch, start_batch=skip * accumulate if epoch == first_epoch else 0)
                 for images, labels in profiler.timed(loader):
                     if micro == 0:
                         lr = lr_at(step, total_steps, cfg.optim, plan.lr)
@@ -136,6 +145,10 @@ class Trainer:
                     metrics.append(record)
                     step += 1
                     progress.update(step, record)
+                    every = cfg.trainer.checkpoint_every
+                    if every and (step % every == 0 or step == total_steps) and dist.is_main_process:
+                        path = save_checkpoint(self.run_dir, step, epoch, backend, raw_model, raw_optimizer, precision, self._config())
+                        log.info("checkpoint: %s", path)
                     if step >= (epoch + 1) * steps_per_epoch:
                         break
         finally:
@@ -153,6 +166,20 @@ class Trainer:
             log.info("\n%s", profiler.format_summary())
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
+
+    def _config(self) -> Dict[str, Any]:
+        return OmegaConf.to_container(self.cfg, resolve=True) if OmegaConf.is_config(self.cfg) else dataclasses.asdict(self.cfg)
+
+    def _resume(self, model, optimizer, precision) -> int:
+        """Restore ``trainer.resume``'s state into the unwrapped model; the step to continue after."""
+        spec = self.cfg.trainer.resume
+        if not spec:
+            return 0
+        roots = [Path.cwd() / "runs", Path.cwd() / "multirun"]
+        path = find_checkpoint(spec, roots, exclude=self.run_dir)
+        meta = load_checkpoint(path, self.backend, self.cfg.model.name, model, optimizer, precision)
+        log.info("resumed from %s: continuing after step %d", path, meta["step"])
+        return int(meta["step"])
 
     def _trace_summary(self, tracer: Tracer, trace_file, rank: int) -> Dict[str, Any] | None:
         """The trace file and its top operators by self time (also as top_ops.rank<r>.md)."""

@@ -104,6 +104,18 @@ class PaddleBackend(Backend):
             for h in hooks:
                 h.remove()
 
+    def save_training_state(self, path, optimizer, extra) -> None:
+        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "paddle": paddle.get_rng_state()}
+        paddle.save({"optimizer": optimizer.state_dict(), "rng": rng, "extra": extra}, str(path))
+
+    def load_training_state(self, path, optimizer):
+        state = paddle.load(str(path))
+        optimizer.set_state_dict(state["optimizer"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        paddle.set_rng_state(state["rng"]["paddle"])
+        return state["extra"]
+
     def parameter_arrays(self, model):
         return {name: p.astype("float32").numpy() for name, p in model.named_parameters() if not p.stop_gradient}
 

@@ -93,6 +93,19 @@ class TorchBackend(Backend):
             for h in hooks:
                 h.remove()
 
+    def save_training_state(self, path, optimizer, extra) -> None:
+        rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+        torch.save({"optimizer": optimizer.state_dict(), "rng": rng, "extra": extra}, path)
+
+    def load_training_state(self, path, optimizer):
+        # Our own file: it holds Python RNG states, which weights_only loading refuses.
+        state = torch.load(path, weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        random.setstate(state["rng"]["python"])
+        np.random.set_state(state["rng"]["numpy"])
+        torch.set_rng_state(state["rng"]["torch"])
+        return state["extra"]
+
     def parameter_arrays(self, model):
         return {name: p.detach().float().cpu().numpy() for name, p in model.named_parameters()}
 

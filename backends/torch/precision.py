@@ -170,6 +170,17 @@ class TorchMixedPrecision(ScaledMixedPrecision):
     def loss_scale(self) -> float:
         return float(self.scaler.get_scale()) if self.scaler.is_enabled() else 1.0
 
+    def state_dict(self) -> Dict[str, Any]:
+        # O2's fp32 master weights hold what the low-precision model copy has rounded away.
+        return {**super().state_dict(), "master_weights": [m.detach().cpu().numpy() for _, m in self._masters]}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        with torch.no_grad():
+            for (param, master), saved in zip(self._masters, state.get("master_weights", []), strict=True):
+                master.copy_(torch.from_numpy(saved))
+                param.copy_(master)
+
 
 class ApexMixedPrecision(TorchMixedPrecision):
     """The same levels through NVIDIA Apex's amp (apex.amp.initialize / amp.scale_loss)."""
