@@ -25,5 +25,8 @@ test: $(STAMP)
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 
+bench: $(STAMP)
+	$(PY) benchmarks/run.py
+
 clean:
 	rm -rf $(VENV) build dist *.egg-info runs multirun outputs

@@ -103,7 +103,7 @@ class Trainer:
         progress = StepProgress(
             total_steps, f"{backend.name} {cfg.model.name}", dist.is_main_process and cfg.trainer.progress, cfg.trainer.log_every
         )
-        started = time.perf_counter()
+        started, loop_started_at = time.perf_counter(), time.time()
         if start_step >= total_steps:
             log.warning("the checkpoint is at step %d and this run has %d steps: nothing left to run", start_step, total_steps)
         step, micro, sums = start_step, 0, np.zeros(3)
@@ -161,6 +161,7 @@ class Trainer:
         in_sync = self._check_ranks_in_sync(dist, dist.unwrap_model(model))
         summary = self._summary(dist, precision, plan, metrics, profiler, wall, num_classes, len(dataset))
         summary.update(num_parameters=backend.num_parameters(dist.unwrap_model(model)), ranks_in_sync=in_sync, trace=trace)
+        summary["loop_started_at"] = loop_started_at  # wall clock, for start-up time measurements
         summary["memory"] = self._peak_memory(dist)
         if dist.is_main_process:
             log.info("\n%s", profiler.format_summary())

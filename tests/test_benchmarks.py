@@ -1,0 +1,28 @@
+"""The benchmark harness runs on a tiny configuration and writes its files (timings are not checked)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+HARNESS = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
+
+
+@pytest.mark.slow
+def test_quick_benchmark_writes_json_and_markdown(tmp_path):
+    proc = subprocess.run([sys.executable, str(HARNESS), "--quick", "--repeats", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert [r["backend"] for r in results["overhead"]] == ["paddle", "paddle", "torch", "torch"]
+    assert all(r["ratio"] > 0 and r["unitrain_startup_s"] > 0 and r["native_startup_s"] > 0 for r in results["overhead"])
+    assert len(results["data"]) == 12 and {r["workers"] for r in results["data"]} == {0, 1, 2}
+    assert {r["backend"] for r in results["scaling"]} == {"paddle", "torch"}
+    amp = {(r["backend"], r["amp"]): r["effective"] for r in results["amp"]}
+    assert amp[("paddle", "O2")] == "fp32" and amp[("torch", "O2")] == "O2 bfloat16"
+    text = (tmp_path / "results.md").read_text()
+    for heading in ("## Overhead", "## Start-up", "## Data loading", "## Data-parallel scaling", "## Mixed precision"):
+        assert heading in text
