@@ -13,11 +13,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 from omegaconf import DictConfig
 
-from unitrain.compare import write_report
+from unitrain.compare import table, write_report
 from unitrain.config import register_configs, validate
 from unitrain.errors import UnitrainError
 from unitrain.launch import launch, run_isolated
-from unitrain.report import markdown_table
 from unitrain.trainer import train
 
 register_configs()
@@ -48,8 +47,7 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     elif HydraConfig.get().mode.name == "RUN" and cfg.trainer.repeats > 1:
         print("\n" + write_report([run_dir]) + f"\n\nreport: {Path(run_dir) / 'report.html'}", flush=True)
     elif HydraConfig.get().mode.name == "RUN":
-        summary["run_dir"] = run_dir
-        print("\n" + markdown_table([summary]) + f"\n\nrun directory: {run_dir}", flush=True)
+        print("\n" + table([run_dir]) + f"\n\nrun directory: {run_dir}", flush=True)
     return summary
 
 

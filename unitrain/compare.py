@@ -294,6 +294,11 @@ def write_html(path: Path, rows, env, warnings, images: List[Path]) -> None:
     )  # fmt: skip
 
 
+def table(dirs: Sequence[str | Path], baseline: int = 0, target_loss: Optional[float] = None) -> str:
+    """The comparison table alone (no plots): what a single run prints at its end."""
+    return markdown(table_rows(group_repeats(load_runs(dirs)), baseline, target_loss))
+
+
 def write_report(dirs: Sequence[str | Path], out: str | Path | None = None, baseline: int = 0, target_loss: Optional[float] = None) -> str:
     """Write comparison.md, the plots and report.html into ``out``; return the Markdown."""
     runs = load_runs(dirs)

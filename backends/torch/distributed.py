@@ -22,6 +22,15 @@ from unitrain.errors import ConfigError
 _OPS = {"sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}
 
 
+def _convert_sync_batchnorm(model: torch.nn.Module) -> torch.nn.Module:
+    """NVIDIA Apex's SyncBatchNorm where apex.parallel is installed, else torch's own."""
+    try:
+        from apex.parallel import convert_syncbn_model  # noqa: PLC0415 - optional
+    except ImportError:
+        return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    return convert_syncbn_model(model)
+
+
 def resolve_device(requested: str, local_rank: int) -> str:
     cuda = torch.cuda.is_available()
     if requested == "gpu" and not cuda:
@@ -74,7 +83,7 @@ class TorchDistributedContext(DistributedContext):
         if self.cfg.sync_bn:
             if not self.device.startswith("cuda"):
                 raise ConfigError("dist.sync_bn", True, "false on cpu: torch's SyncBatchNorm runs on GPUs only")
-            model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            model = _convert_sync_batchnorm(model)
         if not self.is_distributed:
             return model
         # DDP broadcasts rank 0's parameters and buffers at construction: all ranks start equal.
