@@ -31,10 +31,10 @@ def small_net() -> nn.Sequential:
     return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5), nn.Softmax(dim=1))
 
 
-def decorated(cfg: AmpConfig, net: nn.Module | None = None):
+def decorated(cfg: AmpConfig, net: nn.Module | None = None, lr: float = 0.1):
     net = net or small_net()
     precision = torch_backend.precision(cfg)
-    model, optimizer = precision.decorate(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    model, optimizer = precision.decorate(net, torch.optim.SGD(net.parameters(), lr=lr))
     return precision, model, optimizer
 
 
@@ -106,9 +106,12 @@ def _scaler_run(precision, model, optimizer, pattern):
 
 def test_loss_scaler_skips_inf_steps_and_matches_torch_grad_scaler():
     knobs = dict(init_loss_scaling=1024.0, incr_ratio=2.0, decr_ratio=0.5, incr_every_n_steps=2)
+    # A fixed draw and a gentle lr: at lr 0.1 the weights of this small net can grow until a
+    # clean step overflows float16 for real (and is rightly skipped), which is not under test.
+    torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(3, 2, 3), nn.Flatten(), nn.Linear(72, 3))
     reference_net = copy.deepcopy(net)
-    precision, model, optimizer = decorated(AmpConfig(level="O1", dtype="float16", **knobs), net)
+    precision, model, optimizer = decorated(AmpConfig(level="O1", dtype="float16", **knobs), net, lr=1e-3)
     pattern = [False, True, False, False, True, False, False, False]
     scales, kept = _scaler_run(precision, model, optimizer, pattern)
     assert scales[:2] == [1024.0, 512.0]  # the inf step halves the scale
@@ -118,7 +121,7 @@ def test_loss_scaler_skips_inf_steps_and_matches_torch_grad_scaler():
 
     # The same knobs on a bare torch.amp.GradScaler give the same sequence.
     reference = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2)
-    ref_opt = torch.optim.SGD(reference_net.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(reference_net.parameters(), lr=1e-3)
     ref_scales = []
     for bad in pattern:
         with torch.autocast("cpu", dtype=torch.float16):
@@ -179,7 +182,7 @@ def test_every_level_trains(backend, level, unitrain_cli):
     assert p["effective"] == expected
     if backend == "paddle" and level != "O0":
         assert p["requested"] == f"{level} bfloat16" and "cannot take effect on cpu" in result.stdout + result.stderr
-        assert f"{level} bfloat16 -> fp32" in result.stdout
+        assert f"| paddle | {level} bfloat16 | fp32 |" in result.stdout  # requested, then what ran
     if level != "O0":
         assert "loss_scale" in records[0] and records[-1]["skipped_steps"] == 0
 

@@ -22,7 +22,11 @@ def sh(*cmd, cwd, timeout=900):
 def test_wheel_in_fresh_venv_runs_outside_source_tree(tmp_path):
     # From a clean copy: setuptools reuses a build/ folder, which could carry stale modules.
     source = tmp_path / "source"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".venv", "build", "dist", "runs", "multirun", "*.egg-info", "__pycache__", ".git"))
+    top_level_outputs = {".venv", "build", "dist", "runs", "multirun", ".git"}  # conf/dist is a config group
+    shutil.copytree(
+        REPO, source,
+        ignore=lambda d, names: [n for n in names if (Path(d) == REPO and n in top_level_outputs) or n == "__pycache__" or n.endswith(".egg-info")],
+    )  # fmt: skip
     built = sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", tmp_path / "dist", source, cwd=tmp_path)
     assert built.returncode == 0, built.stderr[-2000:]
     (wheel,) = (tmp_path / "dist").glob("unitrain-*.whl")
