@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -89,11 +89,16 @@ def _hydra_main(cfg: DictConfig) -> None:
     run(cfg)
 
 
-def main() -> None:
+def hydra_entry(prog: str, hydra_main: Callable[[], None]) -> None:
+    """Reject unknown group options in one line, then hand the command line to Hydra."""
     problem = check_group_choices(sys.argv[1:])
     if problem:
-        print(f"unitrain: error: {problem}", file=sys.stderr)
+        print(f"{prog}: error: {problem}", file=sys.stderr)
         sys.exit(2)
-    _hydra_main()
+    hydra_main()
+
+
+def main() -> None:
+    hydra_entry("unitrain", _hydra_main)
 
 

@@ -8,11 +8,12 @@ paddle and a missing framework only matters to the backend that needs it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from pathlib import Path
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Sequence
+from typing import Any, Dict, Iterable, Iterator, List, Sequence, Tuple
 
 from unitrain.config import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
 from unitrain.distributed import DistributedContext
@@ -45,9 +46,6 @@ class Backend(ABC):
     @abstractmethod
     def seed(self, seed: int) -> None:
         """Seed the framework's RNGs (initial weights, dropout)."""
-
-    @abstractmethod
-    def has_accelerator(self) -> bool: ...
 
     # --- building blocks --------------------------------------------------------------------
     @abstractmethod
@@ -122,9 +120,27 @@ class Backend(ABC):
     def set_deterministic(self) -> Dict[str, Any]:
         """Ask the framework for deterministic kernels; returns what was set, for the record."""
 
+    @contextlib.contextmanager
+    def capture_outputs(self, model) -> Iterator[List[Tuple[str, Any]]]:
+        """Yield a list that fills with (layer name, NumPy output) for every leaf layer's call."""
+        outputs: List[Tuple[str, Any]] = []
+        handles = [
+            self._on_output(layer, lambda out, name=name: outputs.append((name, self.to_numpy(out))))
+            for name, layer in self._leaf_layers(model)
+        ]
+        try:
+            yield outputs
+        finally:
+            for handle in handles:
+                handle.remove()
+
     @abstractmethod
-    def capture_outputs(self, model):
-        """Context manager yielding a list that fills with (layer name, NumPy output) per leaf layer."""
+    def _leaf_layers(self, model) -> Iterable[Tuple[str, Any]]:
+        """(name, layer) for every layer without sub-layers."""
+
+    @abstractmethod
+    def _on_output(self, layer, callback):
+        """Call ``callback(output)`` after each forward of ``layer``; returns a handle with remove()."""
 
     @abstractmethod
     def tracer(self, cfg: ProfilerConfig, path: Path) -> Tracer:

@@ -167,7 +167,6 @@ def table_rows(groups: List[List[Run]], baseline: int = 0, target_loss: Optional
     for i, group in enumerate(groups):
         s, t = group[0].summary, throughput(group)
         finals = [r.summary.get("final") or {} for r in group]
-        mean = lambda key: statistics.fmean(f[key] for f in finals if key in f) if any(key in f for f in finals) else None  # noqa: E731
         ratio = t["median"] / base["median"] if base["median"] else float("nan")
         overlap = i != baseline and t["low"] <= base["high"] and base["low"] <= t["high"]
         memory = max((r.summary.get("memory") or {}).get("peak_host_rss_mb", [0]) for r in group)
@@ -184,11 +183,16 @@ def table_rows(groups: List[List[Run]], baseline: int = 0, target_loss: Optional
             "vs baseline": "baseline" if i == baseline else f"x{ratio:.2f}" + (" (within noise)" if overlap else ""),
             "reader ratio": f"{100 * (s.get('profiler') or {}).get('reader_ratio', 0):.1f}%",
             "peak RSS MB": f"{max(memory):.0f}" if memory else "n/a",
-            "final loss": "n/a" if mean("loss") is None else f"{mean('loss'):.4f}",
-            "final top-1": "n/a" if mean("top1") is None else f"{mean('top1'):.3f}",
+            "final loss": _mean_of(finals, "loss", ".4f"),
+            "final top-1": _mean_of(finals, "top1", ".3f"),
             **({"time to loss": ", ".join("not reached" if r is None else f"{r:.1f} s" for r in reached)} if target_loss is not None else {}),
         })  # fmt: skip
     return rows
+
+
+def _mean_of(finals: List[Dict[str, Any]], key: str, fmt: str) -> str:
+    values = [f[key] for f in finals if key in f]
+    return format(statistics.fmean(values), fmt) if values else "n/a"
 
 
 def markdown(rows: List[Dict[str, str]]) -> str:

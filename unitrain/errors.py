@@ -27,6 +27,3 @@ class UnknownNameError(UnitrainError, KeyError):
 class BackendUnavailableError(UnitrainError, ImportError):
     """The backend exists but its framework is not installed."""
 
-
-class NotImplementedYetError(UnitrainError, NotImplementedError):
-    """A documented option whose implementation has not landed yet."""

@@ -16,10 +16,15 @@ SCALARS = ("loss", "top1", "top5", "lr", "ips", "batch_cost", "reader_cost", "lo
 
 class MetricSink:
     def log(self, step: int, record: Dict[str, float]) -> None:
+        for key in SCALARS:
+            if key in record:
+                self.scalar(f"train/{key}", step, record[key])
+
+    def scalar(self, tag: str, step: int, value: float) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
-        pass
+        self.writer.close()
 
 
 class TensorBoardSink(MetricSink):
@@ -30,13 +35,8 @@ class TensorBoardSink(MetricSink):
             raise BackendUnavailableError("trainer.loggers=[tensorboard] needs tensorboardX: pip install 'unitrain[tensorboard]'") from None
         self.writer = SummaryWriter(logdir=str(log_dir))
 
-    def log(self, step: int, record: Dict[str, float]) -> None:
-        for key in SCALARS:
-            if key in record:
-                self.writer.add_scalar(f"train/{key}", record[key], step)
-
-    def close(self) -> None:
-        self.writer.close()
+    def scalar(self, tag: str, step: int, value: float) -> None:
+        self.writer.add_scalar(tag, value, step)
 
 
 class VisualDLSink(MetricSink):
@@ -47,13 +47,8 @@ class VisualDLSink(MetricSink):
             raise BackendUnavailableError("trainer.loggers=[visualdl] needs VisualDL: pip install 'unitrain[visualdl]'") from None
         self.writer = LogWriter(logdir=str(log_dir))
 
-    def log(self, step: int, record: Dict[str, float]) -> None:
-        for key in SCALARS:
-            if key in record:
-                self.writer.add_scalar(tag=f"train/{key}", step=step, value=record[key])
-
-    def close(self) -> None:
-        self.writer.close()
+    def scalar(self, tag: str, step: int, value: float) -> None:
+        self.writer.add_scalar(tag=tag, step=step, value=value)
 
 
 SINKS = {"tensorboard": TensorBoardSink, "visualdl": VisualDLSink}

@@ -200,13 +200,9 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    from unitrain.app import check_group_choices
+    from unitrain.app import hydra_entry
 
-    problem = check_group_choices(sys.argv[1:])
-    if problem:
-        print(f"unitrain.parity: error: {problem}", file=sys.stderr)
-        sys.exit(2)
-    _main()
+    hydra_entry("unitrain.parity", _main)
 
 
 if __name__ == "__main__":

@@ -159,11 +159,14 @@ class Trainer:
         wall = time.perf_counter() - started
         trace = self._trace_summary(tracer, trace_file, dist.rank)
 
-        in_sync = self._check_ranks_in_sync(dist, dist.unwrap_model(model))
         summary = self._summary(dist, precision, plan, metrics, profiler, wall, num_classes, len(dataset))
-        summary.update(num_parameters=backend.num_parameters(dist.unwrap_model(model)), ranks_in_sync=in_sync, trace=trace)
-        summary["loop_started_at"] = loop_started_at  # wall clock, for start-up time measurements
-        summary["memory"] = self._peak_memory(dist)
+        summary.update(
+            num_parameters=backend.num_parameters(raw_model),
+            ranks_in_sync=self._check_ranks_in_sync(dist, raw_model),
+            trace=trace,
+            loop_started_at=loop_started_at,  # wall clock, for start-up time measurements
+            memory=self._peak_memory(dist),
+        )
         if dist.is_main_process:
             log.info("\n%s", profiler.format_summary())
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -214,7 +217,7 @@ class Trainer:
         device = self.backend.peak_device_memory_mb(dist.device)
         own = np.zeros((2, dist.world_size))
         own[:, dist.rank] = host, device if device is not None else np.nan
-        every = dist.all_reduce(own, "sum") if dist.is_distributed else own
+        every = dist.all_reduce(own, "sum")
         return {
             "peak_host_rss_mb": [round(float(v), 1) for v in every[0]],
             "peak_device_mb": None if device is None else [round(float(v), 1) for v in every[1]],
@@ -227,7 +230,9 @@ class Trainer:
             np.savez(self.run_dir / f"final_weights.rank{dist.rank}.npz", **arrays)
         values = np.concatenate([a.ravel() for a in arrays.values()]).astype(np.float64)
         fingerprint = np.array([values.sum(), (values * values).sum(), np.abs(values).sum()])
-        in_sync = bool(np.array_equal(dist.all_reduce(fingerprint, "max"), dist.all_reduce(fingerprint, "min")))
+        # One collective: the max of (x, -x) gives every rank's largest and smallest value.
+        extremes = dist.all_reduce(np.concatenate([fingerprint, -fingerprint]), "max")
+        in_sync = bool(np.array_equal(extremes[:3], -extremes[3:]))
         if not in_sync:
             log.warning("parameters differ across ranks at the end of training")
         return in_sync

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import math
 import random
 
@@ -40,9 +39,6 @@ class PaddleBackend(Backend):
         random.seed(seed)
         np.random.seed(seed % 2**32)
         paddle.seed(seed)
-
-    def has_accelerator(self) -> bool:
-        return paddle.is_compiled_with_cuda() and paddle.device.cuda.device_count() > 0
 
     def distributed(self, cfg: DistConfig | None = None, device: str = "auto") -> distributed.PaddleDistributedContext:
         return distributed.PaddleDistributedContext(cfg, device)
@@ -89,20 +85,11 @@ class PaddleBackend(Backend):
         paddle.set_flags({"FLAGS_cudnn_deterministic": True})
         return {"FLAGS_cudnn_deterministic": True, "threads": self.threads()}
 
-    @contextlib.contextmanager
-    def capture_outputs(self, model):
-        """Record every leaf layer's output, in execution order, during the block."""
-        outputs: list = []
-        hooks = [
-            layer.register_forward_post_hook(lambda layer, i, o, name=name: outputs.append((name, o.astype("float32").numpy())))
-            for name, layer in model.named_sublayers()
-            if not layer.sublayers()
-        ]
-        try:
-            yield outputs
-        finally:
-            for h in hooks:
-                h.remove()
+    def _leaf_layers(self, model):
+        return [(name, layer) for name, layer in model.named_sublayers() if not layer.sublayers()]
+
+    def _on_output(self, layer, callback):
+        return layer.register_forward_post_hook(lambda layer, inputs, output: callback(output))
 
     def save_training_state(self, path, optimizer, extra) -> None:
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "paddle": paddle.get_rng_state()}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import random
 
 import numpy as np
@@ -34,9 +33,6 @@ class TorchBackend(Backend):
         random.seed(seed)
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
-
-    def has_accelerator(self) -> bool:
-        return torch.cuda.is_available()
 
     def distributed(self, cfg: DistConfig | None = None, device: str = "auto") -> distributed.TorchDistributedContext:
         return distributed.TorchDistributedContext(cfg, device)
@@ -78,20 +74,11 @@ class TorchBackend(Backend):
         torch.backends.cudnn.benchmark = False
         return {"torch.use_deterministic_algorithms": True, "cudnn.benchmark": False, "threads": self.threads()}
 
-    @contextlib.contextmanager
-    def capture_outputs(self, model):
-        """Record every leaf layer's output, in execution order, during the block."""
-        outputs: list = []
-        hooks = [
-            m.register_forward_hook(lambda m, i, o, name=name: outputs.append((name, o.detach().float().cpu().numpy())))
-            for name, m in model.named_modules()
-            if not list(m.children())
-        ]
-        try:
-            yield outputs
-        finally:
-            for h in hooks:
-                h.remove()
+    def _leaf_layers(self, model):
+        return [(name, m) for name, m in model.named_modules() if not list(m.children())]
+
+    def _on_output(self, layer, callback):
+        return layer.register_forward_hook(lambda module, inputs, output: callback(output))
 
     def save_training_state(self, path, optimizer, extra) -> None:
         rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
