@@ -41,8 +41,12 @@ class Profiler:
 
     def timed(self, loader: Iterable[T]) -> Iterator[T]:
         """Iterate ``loader``, charging the wait for each batch to the next step's reader_cost."""
+        if self._last is None:  # the clock runs on across epochs: their hand-over is step time too
+            self._last = time.perf_counter()
+        start = time.perf_counter()
         iterator = iter(loader)
-        self._last = time.perf_counter()
+        # Starting the loader (its threads or worker processes) is waiting for data as well.
+        self._reader_cost += time.perf_counter() - start
         while True:
             start = time.perf_counter()
             try:
