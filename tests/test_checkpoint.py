@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -45,8 +46,9 @@ def test_resumed_run_equals_the_uninterrupted_one(finished, tmp_path):
     backend, full = finished
     resumed = run_unitrain([f"backend={backend}", *CKPT, f"trainer.resume={full.run_dir / 'checkpoints' / 'step4'}"], tmp_path)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    # fp32, one process, deterministic kernels: bit for bit.
-    assert losses(resumed) == losses(full)[4:]
+    # Steps 1-4 are the history carried over from the checkpoint's run; 5-8 ran again, and in
+    # fp32, one process, deterministic kernels, bit for bit.
+    assert losses(resumed) == losses(full)
     a, b = final_weights(resumed), final_weights(full)
     assert all(np.array_equal(a[k], b[k]) for k in b)
 
@@ -57,7 +59,8 @@ def test_resume_latest_continues_the_newest_run(finished, tmp_path):
     shutil.copytree(full.run_dir, tmp_path / "runs" / "old")
     longer = run_unitrain([f"backend={backend}", *FAST, "trainer.steps=10", "trainer.resume=latest"], tmp_path)
     assert longer.returncode == 0, longer.stderr[-2000:]
-    assert [s for s, _ in losses(longer)] == [9, 10]
+    assert [s for s, _ in losses(longer)] == list(range(1, 11))
+    assert losses(longer)[:8] == losses(full)
 
 
 @pytest.mark.slow
@@ -68,7 +71,7 @@ def test_data_parallel_resume_equals_the_uninterrupted_run(backend, tmp_path):
     assert full.returncode == 0, full.stderr[-2000:]
     resumed = run_unitrain([*dp, f"trainer.resume={full.run_dir / 'checkpoints' / 'step4'}"], tmp_path / "resumed")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert losses(resumed) == losses(full)[4:]
+    assert losses(resumed) == losses(full)
 
 
 def test_truncated_checkpoint_is_refused_and_nothing_changes(finished, tmp_path):
@@ -87,15 +90,24 @@ def test_truncated_checkpoint_is_refused_and_nothing_changes(finished, tmp_path)
     assert not (result.run_dir / "metrics.jsonl").exists() and not (result.run_dir / "checkpoints").exists()
 
 
-def test_checkpoint_of_another_framework_or_model_is_refused(finished, tmp_path):
+def test_checkpoint_of_another_model_is_refused(finished, tmp_path):
     backend, full = finished
-    other = "torch" if backend == "paddle" else "paddle"
     step4 = full.run_dir / "checkpoints" / "step4"
-    wrong_framework = run_unitrain([f"backend={other}", *CKPT, f"trainer.resume={step4}"], tmp_path / "fw")
-    assert wrong_framework.returncode == 2
-    assert f"was written by {backend}, and backend={other} cannot resume it; python -m unitrain.convert" in wrong_framework.stderr
     wrong_model = run_unitrain([f"backend={backend}", *CKPT, "model=resnet18", f"trainer.resume={step4}"], tmp_path / "model")
     assert wrong_model.returncode == 2 and "holds model=tiny, not model=resnet18" in wrong_model.stderr
+
+
+def test_checkpoint_of_the_other_framework_resumes_with_converted_weights(finished, tmp_path):
+    backend, full = finished
+    other = "torch" if backend == "paddle" else "paddle"
+    step8 = full.run_dir / "checkpoints" / "step8"
+    result = run_unitrain([f"backend={other}", *FAST, "trainer.steps=10", f"trainer.resume={step8}"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"was written by {backend}: its weights were converted to {other} exactly" in result.stdout + result.stderr
+    assert [s for s, _ in losses(result)] == list(range(1, 11))
+    # The converted weights carry on where the other framework stopped: the first resumed loss
+    # is near the last trained ones, not back at an untrained model's ~ln(10).
+    assert abs(losses(result)[8][1] - losses(full)[-1][1]) < 0.5 * np.log(10)
 
 
 def test_converted_checkpoint_loads_in_plain_framework_code(finished, tmp_path):
@@ -135,3 +147,68 @@ def test_converted_checkpoint_loads_in_plain_framework_code(finished, tmp_path):
     x = np.random.default_rng(1).standard_normal((2, 3, 16, 16)).astype(np.float32)
     run = lambda b, m: b.to_numpy(m(paddle.to_tensor(x) if b.name == "paddle" else torch.from_numpy(x)))  # noqa: E731
     np.testing.assert_allclose(run(target, converted), run(source, original), rtol=1e-4, atol=1e-5)
+
+
+def test_resuming_a_finished_run_changes_nothing(finished, tmp_path):
+    backend, full = finished
+    before = {name: (full.run_dir / name).read_bytes() for name in ("metrics.jsonl", "summary.json")}
+    for target in (full.run_dir, tmp_path / "new"):
+        args = [sys.executable, "-m", "unitrain", f"backend={backend}", *CKPT, f"trainer.resume={full.run_dir}", f"hydra.run.dir={target}"]
+        proc = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert "nothing left to run; earlier results are unchanged" in proc.stdout
+        assert "Traceback" not in proc.stderr
+    assert {name: (full.run_dir / name).read_bytes() for name in before} == before
+    assert not (tmp_path / "new" / "metrics.jsonl").exists() and not (tmp_path / "new" / "summary.json").exists()
+
+
+def test_resume_into_its_own_run_dir_keeps_the_history_and_cleans_partial_writes(finished, tmp_path):
+    backend, full = finished
+    run = tmp_path / "run"
+    shutil.copytree(full.run_dir, run)
+    (run / "checkpoints" / "latest").write_text("step4")
+    leftover = run / "checkpoints" / ".tmp-step6-4242"  # what a write killed part-way leaves
+    leftover.mkdir()
+    (leftover / "model.npz").write_bytes(b"half")
+    result = run_unitrain([f"backend={backend}", *CKPT, f"trainer.resume={run}"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert losses(result) == losses(full)  # steps 1-4 kept, 5-8 again, each once
+    assert not leftover.exists()
+
+
+def test_keep_checkpoints_keeps_the_newest(tmp_path):
+    result = run_unitrain(["backend=torch", *FAST, "trainer.steps=8", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=2"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    root = result.run_dir / "checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step6", "step8"]
+    assert (root / "latest").read_text() == "step8"
+
+
+def test_resume_latest_skips_checkpoints_that_do_not_fit(finished, tmp_path):
+    backend, full = finished
+    shutil.copytree(full.run_dir, tmp_path / "runs" / "fits")
+    # A newer checkpoint of another model: "latest" must not pick it.
+    other = tmp_path / "runs" / "newer-other-model"
+    shutil.copytree(full.run_dir, other)
+    meta_file = other / "checkpoints" / "step8" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    meta["model"] = "resnet18"
+    meta_file.write_text(json.dumps(meta))
+    result = run_unitrain([f"backend={backend}", *FAST, "trainer.steps=9", "trainer.resume=latest"], tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert f"resumed from {tmp_path / 'runs' / 'fits'}" in result.stdout + result.stderr
+    args = [f"backend={backend}", *FAST, "model=resnet50", "trainer.resume=latest", f"hydra.run.dir={tmp_path / 'none'}"]
+    nothing = subprocess.run([sys.executable, "-m", "unitrain", *args], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert nothing.returncode == 2 and "none of the 2 checkpoint(s)" in nothing.stderr and "model=resnet50" in nothing.stderr
+
+
+def test_convert_errors_are_one_line(finished, tmp_path):
+    _, full = finished
+    cases = [
+        ([str(full.run_dir), "--to", "torch", "--out", str(tmp_path / "missing" / "w.pt")], "does not exist"),
+        (["latest", "--to", "torch"], "checkpoint=latest: no checkpoint under"),
+    ]
+    for args, expected in cases:
+        proc = subprocess.run([sys.executable, "-m", "unitrain.convert", *args], capture_output=True, text=True, cwd=tmp_path)
+        assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
+        assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

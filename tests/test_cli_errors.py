@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
-from conftest import FAST
+from conftest import BACKENDS, FAST
 
 
 @pytest.mark.parametrize(
@@ -23,10 +26,23 @@ from conftest import FAST
         (["dist.node_rank=1"], "dist.node_rank=1 is not allowed: an integer in [0, 1) (dist.nnodes=1)"),
         (["dist.nnodes=2"], "dist.master_port=None is not allowed: a port number that every node uses"),
         (["dist.nproc_per_node=0"], "dist.nproc_per_node=0 is not allowed: a number > 0"),
+        (["trainer.threads=1000"], "trainer.threads=1000 is not allowed: at most"),
+        (["trainer.checkpoint_every=-1"], "trainer.checkpoint_every=-1 is not allowed: an integer >= 0"),
+        (["trainer.keep_checkpoints=-2"], "trainer.keep_checkpoints=-2 is not allowed: an integer >= 0"),
+        (["trainer.on_nonfinite=ignore"], "trainer.on_nonfinite='ignore' is not allowed: one of stop, warn"),
+        (["data.num_classes=1"], "data.num_classes=1 is not allowed: an integer >= 2"),
+        (["trainer.batch_size=1"], "trainer.batch_size=1 is not allowed: at least 2 samples per device"),
+        (["profiler.start=-1"], "profiler.start=-1 is not allowed: a step number >= 0"),
+        (["dist.timeout_s=0"], "dist.timeout_s=0.0 is not allowed: a number > 0"),
+        (["trainer.stepz=3"], "trainer.stepz is not a config key; allowed keys under trainer: steps, epochs"),
+        (["stepz=3"], "stepz is not a config key; allowed keys at the top level: backend, amp"),
+        (["-m", "backend=paddle,torch", "trainer.stepz=3"], "trainer.stepz is not a config key"),
+        (["trainer.steps=many"], "trainer.steps: Value 'many' of type 'str' could not be converted to Integer"),
+        (["trainer.steps=["], "cannot parse the overrides"),
     ],
 )
 def test_bad_input_gives_one_line(args, expected, unitrain_cli):
-    result = unitrain_cli(*args, *FAST, "trainer.steps=2")
+    result = unitrain_cli(*FAST, "trainer.steps=2", *args)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("unitrain: error:")]
     assert len(errors) == 1 and expected in errors[0], result.stderr
@@ -40,12 +56,56 @@ def test_empty_imagefolder(unitrain_cli, tmp_path):
     assert result.returncode == 2 and "none found" in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("args", [["trainer.stepz=3"], ["trainer.steps=many"]])
-def test_wrong_key_or_type_fails_at_start_with_hydra_error(args, unitrain_cli):
-    result = unitrain_cli(*args, *FAST)
-    assert result.returncode != 0
-    assert "trainer.step" in result.stderr and "Traceback" not in result.stderr
-    assert not (result.run_dir / "metrics.jsonl").exists()
+def test_unwritable_run_dir_is_one_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    result = subprocess.run([sys.executable, "-m", "unitrain", *FAST, f"hydra.run.dir={blocker / 'run'}"], capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [f"unitrain: error: hydra.run.dir='{blocker / 'run'}' is not allowed: Not a directory; allowed: a directory this user can write"]
+
+
+def test_run_dir_with_earlier_results_is_refused_and_kept(unitrain_cli):
+    first = unitrain_cli(*FAST, "trainer.steps=2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    kept = {p: p.read_bytes() for p in [first.run_dir / "metrics.jsonl", first.run_dir / "summary.json", first.run_dir / ".hydra" / "config.yaml"]}
+    again = unitrain_cli(*FAST, "trainer.steps=3")
+    assert again.returncode == 2
+    assert "it holds an earlier run's results (metrics.jsonl), which this run would replace" in again.stderr
+    assert {p: p.read_bytes() for p in kept} == kept
+
+
+def test_default_run_dirs_of_simultaneous_runs_differ(tmp_path):
+    args = [sys.executable, "-m", "unitrain", *FAST, "trainer.steps=2"]
+    procs = [subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for proc in procs:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+    summaries = list((tmp_path / "runs").glob("*/*/summary.json"))
+    assert len(summaries) == 2
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nonfinite_loss_stops_with_one_line(backend, unitrain_cli):
+    result = unitrain_cli(f"backend={backend}", *FAST, "trainer.steps=6", "optim.lr=1e30")
+    assert result.returncode == 1, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("unitrain: error:")]
+    assert len(errors) == 1 and "the loss is nan at step" in errors[0] and "trainer.on_nonfinite=warn" in errors[0], result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (result.run_dir / "summary.json").exists()
+    assert result.metrics(), "the steps before the stop are kept"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_nonfinite_loss_warned_in_data_parallel_compares_ranks_nan_safely(backend, unitrain_cli):
+    result = unitrain_cli(
+        f"backend={backend}", *FAST, "trainer.steps=4", "optim.lr=1e30", "trainer.on_nonfinite=warn", "dist.nproc_per_node=2", "trainer.threads=1"
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    output = result.stdout + result.stderr + "".join(p.read_text() for p in result.run_dir.glob("workerlog.*"))
+    assert "trainer.on_nonfinite=warn" in output
+    assert "parameters differ across ranks" not in output
+    assert result.summary()["ranks_in_sync"] is True and result.summary()["final"]["finite"] is False
 
 
 def test_missing_framework_names_the_extra(tmp_path):

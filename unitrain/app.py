@@ -13,9 +13,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 from omegaconf import DictConfig
 
+from unitrain import preflight
 from unitrain.compare import table, write_report
 from unitrain.config import register_configs, validate
-from unitrain.errors import UnitrainError
+from unitrain.errors import NothingLeftToRun, UnitrainError
 from unitrain.launch import launch, run_isolated
 from unitrain.trainer import train
 
@@ -39,9 +40,16 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
             for i in range(cfg.trainer.repeats):
                 (Path(run_dir) / f"repeat{i}").mkdir(exist_ok=True)
                 summary = job(cfg, Path(run_dir) / f"repeat{i}")
+    except NothingLeftToRun as err:
+        print(f"unitrain: {err}", flush=True)
+        return None
     except UnitrainError as err:
         print(f"unitrain: error: {err}", file=sys.stderr, flush=True)
         sys.exit(getattr(err, "exit_code", 2))
+    except MemoryError:
+        size = f"data.image_size={cfg.data.image_size}, trainer.batch_size={cfg.trainer.batch_size}, model={cfg.model.name}"
+        print(f"unitrain: error: out of memory ({size}); allowed: a smaller image size, batch or model", file=sys.stderr, flush=True)
+        sys.exit(2)
     if summary is None:
         print(f"node {cfg.dist.node_rank} finished; node 0 holds the summary", flush=True)
     elif HydraConfig.get().mode.name == "RUN" and cfg.trainer.repeats > 1:
@@ -89,9 +97,16 @@ def _hydra_main(cfg: DictConfig) -> None:
     run(cfg)
 
 
-def hydra_entry(prog: str, hydra_main: Callable[[], None]) -> None:
-    """Reject unknown group options in one line, then hand the command line to Hydra."""
-    problem = check_group_choices(sys.argv[1:])
+def hydra_entry(prog: str, hydra_main: Callable[[], None], config_name: str = "config") -> None:
+    """Reject bad overrides and a run directory holding earlier results in one line, then hand
+    the command line to Hydra."""
+    args = sys.argv[1:]
+    problem = check_group_choices(args)
+    if not problem and not preflight.quick_flags(args):
+        try:
+            preflight.check(args, "unitrain.conf", config_name)
+        except preflight.PreflightError as err:
+            problem = str(err)
     if problem:
         print(f"{prog}: error: {problem}", file=sys.stderr)
         sys.exit(2)

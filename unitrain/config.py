@@ -16,6 +16,7 @@ from omegaconf import MISSING
 
 from unitrain.errors import ConfigError
 from unitrain.models import MODELS
+from unitrain.threads import available_cores
 
 AMP_LEVELS = ("O0", "O1", "O2", "O3")
 AMP_DTYPES = ("float16", "bfloat16")
@@ -28,6 +29,7 @@ SAMPLER_REMAINDERS = ("pad", "drop")
 SAMPLER_ORDERS = ("global", "shard")
 DATASET_NAMES = ("synthetic", "learnable", "imagefolder")
 LOGGERS = ("tensorboard", "visualdl")
+NONFINITE_POLICIES = ("stop", "warn")
 
 
 @dataclass
@@ -87,6 +89,9 @@ class DataConfig:
     # How the sampler splits data across replicas (see unitrain.sampler).
     remainder: str = "pad"
     order: str = "global"
+    # imagefolder only: skip files that cannot be decoded (counted in summary.json) instead of
+    # ending the run with one line naming the first such file.
+    skip_bad_files: bool = False
 
 
 @dataclass
@@ -127,7 +132,11 @@ class TrainerConfig:
     # Extra metric sinks besides metrics.jsonl: tensorboard (tensorboardX), visualdl.
     loggers: List[str] = field(default_factory=list)
     checkpoint_every: int = 0
+    # Keep the newest N checkpoints of the run (0 keeps all); `latest` always names a kept one.
+    keep_checkpoints: int = 3
     resume: Optional[str] = None
+    # A non-finite loss outside AMP's skipped steps: stop the run (exit 1) or warn once and go on.
+    on_nonfinite: str = "stop"
 
 
 @dataclass
@@ -141,6 +150,8 @@ class DistConfig:
     # auto: gloo on CPU, nccl on GPU.
     comm_backend: str = "auto"
     sync_bn: bool = False
+    # Seconds the nodes of a multi-node job wait for each other at rendezvous before giving up.
+    timeout_s: float = 300.0
 
 
 @dataclass
@@ -201,7 +212,8 @@ def validate(cfg: UnitrainConfig | Any) -> None:
     _one_of("model.init", cfg.model.init, ("framework", "shared"))
     _one_of("data.name", cfg.data.name, DATASET_NAMES)
     _positive("data.image_size", cfg.data.image_size)
-    _positive("data.num_classes", cfg.data.num_classes)
+    if cfg.data.num_classes < 2:
+        raise ConfigError("data.num_classes", cfg.data.num_classes, "an integer >= 2 (a classifier needs two classes)")
     if cfg.data.num_samples is not None:
         _positive("data.num_samples", cfg.data.num_samples)
     if cfg.data.num_workers < 0:
@@ -230,6 +242,16 @@ def validate(cfg: UnitrainConfig | Any) -> None:
     _positive("trainer.batch_size", cfg.trainer.batch_size)
     if cfg.trainer.threads is not None:
         _positive("trainer.threads", cfg.trainer.threads)
+        cores = available_cores()
+        if cfg.trainer.threads > cores:
+            # Oversubscribed threads measure contention, not the framework (1000 threads ran
+            # ~0.1% of the speed of 2 here).
+            raise ConfigError("trainer.threads", cfg.trainer.threads, f"at most {cores}, the cores this process may use (or unset: all of them)")
+    if cfg.trainer.checkpoint_every < 0:
+        raise ConfigError("trainer.checkpoint_every", cfg.trainer.checkpoint_every, "an integer >= 0 (0: no checkpoints)")
+    if cfg.trainer.keep_checkpoints < 0:
+        raise ConfigError("trainer.keep_checkpoints", cfg.trainer.keep_checkpoints, "an integer >= 0 (0: keep every checkpoint)")
+    _one_of("trainer.on_nonfinite", cfg.trainer.on_nonfinite, NONFINITE_POLICIES)
     _positive("trainer.log_every", cfg.trainer.log_every)
     _positive("trainer.accumulate_steps", cfg.trainer.accumulate_steps)
     _positive("trainer.repeats", cfg.trainer.repeats)
@@ -252,6 +274,19 @@ def validate(cfg: UnitrainConfig | Any) -> None:
             f"a multiple of {world} (processes x accumulate_steps) with optim.lr_scaling=keep_global",
         )  # fmt: skip
     _one_of("dist.comm_backend", cfg.dist.comm_backend, ("auto", "gloo", "nccl"))
+    _positive("dist.timeout_s", cfg.dist.timeout_s)
+    from unitrain.schedule import BatchPlan  # schedule imports this module
+
+    micro = BatchPlan.micro_batch_of(cfg, cfg.dist.nproc_per_node * cfg.dist.nnodes)
+    if micro < 2 and not cfg.model.freeze_bn:
+        raise ConfigError(
+            "trainer.batch_size", cfg.trainer.batch_size,
+            f"at least 2 samples per device and micro-step (this gives {micro}): BatchNorm cannot train on one sample; "
+            "or model.freeze_bn=true",
+        )  # fmt: skip
     _one_of("profiler.mode", cfg.profiler.mode, PROFILER_MODES)
     if cfg.profiler.warmup_steps < 0:
         raise ConfigError("profiler.warmup_steps", cfg.profiler.warmup_steps, "an integer >= 0")
+    if cfg.profiler.start < 0:
+        raise ConfigError("profiler.start", cfg.profiler.start, "a step number >= 0")
+    _positive("profiler.steps", cfg.profiler.steps)

@@ -43,15 +43,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m unitrain.convert", description="Turn a unitrain checkpoint into a framework's native weights file."
     )
-    parser.add_argument("checkpoint", help="a checkpoint directory, or a run directory (its latest checkpoint)")
+    parser.add_argument("checkpoint", help="a checkpoint directory, a run directory (its latest checkpoint), or latest (the newest under ./runs and ./multirun)")
     parser.add_argument("--to", required=True, choices=FRAMEWORKS, help="the framework whose format to write")
     parser.add_argument("--out", help="output file (default: <checkpoint>/model.<framework>.pt|pdparams)")
     args = parser.parse_args(argv)
     try:
-        path = find_checkpoint(args.checkpoint, [], key="checkpoint")
+        path = find_checkpoint(args.checkpoint, [Path.cwd() / "runs", Path.cwd() / "multirun"], key="checkpoint")
         meta = read_meta(path)
-        arrays = convert(read_model_arrays(path), meta["framework"], args.to)
         out = Path(args.out) if args.out else path / f"model.{args.to}{NATIVE_SUFFIX[args.to]}"
+        if out.is_dir() or not out.parent.is_dir():
+            why = "is a directory" if out.is_dir() else f"its directory {out.parent} does not exist"
+            raise UnitrainError(f"--out={str(out)!r} is not allowed: {why}; allowed: a file path in an existing directory")
+        arrays = convert(read_model_arrays(path), meta["framework"], args.to)
         export_native(arrays, args.to, out)
     except UnitrainError as err:
         print(f"unitrain.convert: error: {err}", file=sys.stderr)

@@ -13,6 +13,12 @@ class ConfigError(UnitrainError):
         super().__init__(f"{key}={value!r} is not allowed: {allowed}")
 
 
+class NothingLeftToRun(UnitrainError):
+    """A resumed run whose checkpoint is already at its last step: not an error, nothing changes."""
+
+    exit_code = 0
+
+
 class UnknownNameError(UnitrainError, KeyError):
     """A name looked up in a registry that does not hold it."""
 

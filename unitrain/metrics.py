@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
+import os
 import statistics
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
+
+from unitrain.errors import UnitrainError
+
+log = logging.getLogger("unitrain")
 
 
 def topk_accuracy(logits: np.ndarray, labels: np.ndarray, ks: Sequence[int] = (1, 5)) -> Tuple[float, ...]:
@@ -19,12 +25,22 @@ def topk_accuracy(logits: np.ndarray, labels: np.ndarray, ks: Sequence[int] = (1
 
 
 class MetricsLog:
-    """Keeps every step's record and appends it to ``metrics.jsonl`` when a path is given."""
+    """Keeps every step's record and appends it to ``metrics.jsonl`` when a path is given.
 
-    def __init__(self, path: Path | None = None, sinks: Sequence = ()):
-        self.records: List[Dict[str, float]] = []
+    ``history`` (a resumed run's steps up to its checkpoint) starts the file; it is written
+    beside and renamed into place, so that the earlier records are never lost half-way."""
+
+    def __init__(self, path: Path | None = None, sinks: Sequence = (), history: Sequence[Dict[str, Any]] = ()):
+        self.records: List[Dict[str, float]] = list(history)
         self.sinks = list(sinks)  # TensorBoard / VisualDL writers, when asked for
-        self._file = open(path, "w", encoding="utf-8") if path else None
+        self._file = None
+        if path and self.records:
+            tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records), encoding="utf-8")
+            os.replace(tmp, path)
+            self._file = open(path, "a", encoding="utf-8")
+        elif path:
+            self._file = open(path, "w", encoding="utf-8")
 
     def append(self, record: Dict[str, float]) -> None:
         self.records.append(record)
@@ -51,3 +67,48 @@ class MetricsLog:
         out["window"] = len(tail)
         out["finite"] = all(math.isfinite(r["loss"]) for r in self.records)
         return out
+
+
+def metrics_history(run_dir: Path, up_to_step: int) -> List[Dict[str, Any]]:
+    """The records of ``run_dir/metrics.jsonl`` up to and including ``up_to_step`` (a line
+    that does not parse, say one cut short by a crash, ends the history)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    records: List[Dict[str, Any]] = []
+    if not path.is_file():
+        return records
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            break
+        if isinstance(record, dict) and record.get("step", math.inf) <= up_to_step:
+            records.append(record)
+    return records
+
+
+class NonFiniteLossError(UnitrainError):
+    """The loss became NaN or infinite: the parameters are no longer usable."""
+
+    exit_code = 1
+
+
+class NonFiniteWatch:
+    """``trainer.on_nonfinite``: stop at the first non-finite loss, or warn once and go on.
+
+    A step that AMP's loss scaler skipped (inf/nan gradients) is the scaler doing its job, not
+    a failure, so its loss is not held against the run."""
+
+    def __init__(self, policy: str, lr: float):
+        self.policy, self.lr, self.warned = policy, lr, False
+
+    def check(self, step: int, loss: float, stepped: bool) -> None:
+        if math.isfinite(loss) or not stepped:
+            return
+        if self.policy == "stop":
+            raise NonFiniteLossError(
+                f"the loss is {loss} at step {step}, so the parameters are no longer usable; lower optim.lr (base {self.lr:g}), "
+                "or set trainer.on_nonfinite=warn to train on regardless"
+            )
+        if not self.warned:
+            log.warning("the loss is %s at step %d; training on (trainer.on_nonfinite=warn)", loss, step)
+            self.warned = True

@@ -202,7 +202,7 @@ def _main(cfg: DictConfig) -> None:
 def main() -> None:
     from unitrain.app import hydra_entry
 
-    hydra_entry("unitrain.parity", _main)
+    hydra_entry("unitrain.parity", _main, config_name="parity")
 
 
 if __name__ == "__main__":

@@ -25,11 +25,15 @@ class BatchPlan:
         global batch (Goyal et al.); ``keep_global`` splits the global batch and keeps the lr."""
         accumulate = cfg.trainer.accumulate_steps
         factor = world_size * accumulate
-        if cfg.optim.lr_scaling == "linear":
-            micro, lr = cfg.trainer.batch_size, cfg.optim.lr * factor
-        else:
-            micro, lr = cfg.trainer.batch_size // factor, cfg.optim.lr
+        micro = cls.micro_batch_of(cfg, world_size)
+        lr = cfg.optim.lr * factor if cfg.optim.lr_scaling == "linear" else cfg.optim.lr
         return cls(micro, accumulate, world_size, micro * factor, lr)
+
+    @staticmethod
+    def micro_batch_of(cfg, world_size: int) -> int:
+        if cfg.optim.lr_scaling == "linear":
+            return cfg.trainer.batch_size
+        return cfg.trainer.batch_size // (world_size * cfg.trainer.accumulate_steps)
 
     def describe(self) -> dict:
         return asdict(self)

@@ -10,19 +10,21 @@ import logging
 import resource
 import time
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 from omegaconf import OmegaConf
 
 from unitrain import __version__
 from unitrain.backend import Backend, get_backend
-from unitrain.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
+from unitrain.checkpoint import (
+    checkpoint_run_dir, clean_partial_checkpoints, find_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint,
+)  # fmt: skip
 from unitrain.config import UnitrainConfig
 from unitrain.data import build_dataset
-from unitrain.errors import ConfigError
+from unitrain.errors import ConfigError, NothingLeftToRun
 from unitrain.loggers import make_sinks
-from unitrain.metrics import MetricsLog, topk_accuracy
+from unitrain.metrics import MetricsLog, NonFiniteWatch, metrics_history, topk_accuracy
 from unitrain.profiler import Profiler, Tracer
 from unitrain.progress import StepProgress
 from unitrain.tracing import load_events, operators_markdown, top_operators
@@ -86,7 +88,12 @@ class Trainer:
         model = backend.build_model(cfg.model.name, num_classes, dist.device, cfg.model.zero_init_residual, cfg.model.init, cfg.trainer.seed)
         optimizer = backend.build_optimizer(model, cfg.optim)
         model, optimizer = precision.decorate(model, optimizer)
-        start_step = self._resume(model, optimizer, precision)
+        start_step, history = self._resume(model, optimizer, precision)
+        if start_step >= total_steps:
+            # Before metrics.jsonl is opened: the finished run's results stay as they are.
+            raise NothingLeftToRun(f"the checkpoint is at step {start_step} and this run has {total_steps} steps: nothing left to run; earlier results are unchanged")
+        if dist.is_main_process:
+            clean_partial_checkpoints(self.run_dir)
         raw_model, raw_optimizer = model, optimizer
         model, optimizer = dist.wrap_model(model), dist.wrap_optimizer(optimizer)
         loader = backend.make_loader(dataset, sampler, cfg.data.num_workers, dist.device)
@@ -94,7 +101,9 @@ class Trainer:
         profiler = Profiler(cfg.profiler.warmup_steps, enabled=cfg.profiler.mode != "off")
         tracer = backend.tracer(cfg.profiler, self.run_dir / f"trace.rank{dist.rank}.json") if cfg.profiler.mode == "trace" else Tracer()
         main = dist.is_main_process
-        metrics = MetricsLog(self.run_dir / "metrics.jsonl" if main else None, make_sinks(cfg.trainer.loggers, self.run_dir) if main else ())
+        metrics = MetricsLog(
+            self.run_dir / "metrics.jsonl" if main else None, make_sinks(cfg.trainer.loggers, self.run_dir) if main else (), history=history
+        )
         log.info(
             "%s %s on %s (rank %d of %d), %d thread(s), %s, %d steps of %d samples (%d per device x %d micro-steps), lr %g",
             backend.package, backend.version(), dist.device, dist.rank, dist.world_size, self.threads,
@@ -104,9 +113,8 @@ class Trainer:
             total_steps, f"{backend.name} {cfg.model.name}", dist.is_main_process and cfg.trainer.progress, cfg.trainer.log_every
         )
         started, loop_started_at = time.perf_counter(), time.time()
-        if start_step >= total_steps:
-            log.warning("the checkpoint is at step %d and this run has %d steps: nothing left to run", start_step, total_steps)
         step, micro, sums, pending = start_step, 0, np.zeros(3), []
+        watch = NonFiniteWatch(cfg.trainer.on_nonfinite, cfg.optim.lr)
         first_epoch, skip = divmod(start_step, steps_per_epoch)
         model.train()
         if cfg.model.freeze_bn:
@@ -132,23 +140,27 @@ class Trainer:
                     sums += (float(backend.to_numpy(loss)), *topk_accuracy(backend.to_numpy(logits), backend.to_numpy(labels)))
                     if micro < accumulate:
                         continue
-                    precision.step(optimizer)
+                    stepped = precision.step(optimizer)
                     optimizer.zero_grad()
                     timing = profiler.step(plan.global_batch)
                     tracer.step()
                     step += 1
                     record = {"epoch": epoch, "step": step, "lr": lr, "reader_cost": timing.reader_cost, "batch_cost": timing.batch_cost, "ips": timing.ips}
                     record.update(precision.metrics())
-                    pending.append((record, sums / accumulate))
+                    pending.append((record, sums / accumulate, stepped is not False))
                     micro, sums = 0, np.zeros(3)
                     # Logged values are means over all ranks, not rank 0's alone. One all-reduce
                     # per log_every steps: per step, its latency (~1 ms on gloo here) was over 1%
                     # of a data-parallel step.
-                    if not dist.is_distributed or len(pending) >= cfg.trainer.log_every or step % steps_per_epoch == 0:
-                        self._log_pending(dist, pending, metrics, progress)
                     every = cfg.trainer.checkpoint_every
-                    if every and (step % every == 0 or step == total_steps) and dist.is_main_process:
+                    checkpoint_now = every and (step % every == 0 or step == total_steps)
+                    # Checkpoint steps flush too (on every rank: the flush is a collective), so
+                    # that no checkpoint holds weights whose loss has not been checked.
+                    if not dist.is_distributed or len(pending) >= cfg.trainer.log_every or step % steps_per_epoch == 0 or checkpoint_now:
+                        self._log_pending(dist, pending, metrics, progress, watch)
+                    if checkpoint_now and dist.is_main_process:
                         path = save_checkpoint(self.run_dir, step, epoch, backend, raw_model, raw_optimizer, precision, self._config())
+                        prune_checkpoints(self.run_dir, cfg.trainer.keep_checkpoints)
                         log.info("checkpoint: %s", path)
                     if step >= (epoch + 1) * steps_per_epoch:
                         break
@@ -173,28 +185,38 @@ class Trainer:
         return summary
 
     @staticmethod
-    def _log_pending(dist, pending: list, metrics: MetricsLog, progress: StepProgress) -> None:
-        """Reduce the pending steps' loss/top1/top5 over ranks in one collective, then log them."""
-        values = np.atleast_2d(dist.all_reduce(np.stack([local for _, local in pending]), "mean"))
-        for (record, _), (loss, top1, top5) in zip(pending, values):
-            record.update(loss=float(loss), top1=float(top1), top5=float(top5))
-            metrics.append(record)
-            progress.update(record["step"], record)
-        pending.clear()
+    def _log_pending(dist, pending: list, metrics: MetricsLog, progress: StepProgress, watch: "NonFiniteWatch") -> None:
+        """Reduce the pending steps' loss/top1/top5 over ranks in one collective, then log them.
+
+        Every rank gets the same reduced values, so every rank stops at the same step when the
+        loss is not finite: none is left waiting in a collective for the others."""
+        values = np.atleast_2d(dist.all_reduce(np.stack([local for _, local, _ in pending]), "mean"))
+        try:
+            for (record, _, stepped), (loss, top1, top5) in zip(pending, values):
+                record.update(loss=float(loss), top1=float(top1), top5=float(top5))
+                metrics.append(record)
+                progress.update(record["step"], record)
+                watch.check(record["step"], float(loss), stepped)
+        finally:
+            pending.clear()
 
     def _config(self) -> Dict[str, Any]:
         return OmegaConf.to_container(self.cfg, resolve=True) if OmegaConf.is_config(self.cfg) else dataclasses.asdict(self.cfg)
 
-    def _resume(self, model, optimizer, precision) -> int:
-        """Restore ``trainer.resume``'s state into the unwrapped model; the step to continue after."""
+    def _resume(self, model, optimizer, precision) -> Tuple[int, List[Dict[str, Any]]]:
+        """Restore ``trainer.resume``'s state into the unwrapped model: the step to continue
+        after, and the metrics history up to it (from the run that wrote the checkpoint), so that
+        a resumed run's metrics.jsonl holds every step once."""
         spec = self.cfg.trainer.resume
         if not spec:
-            return 0
+            return 0, []
         roots = [Path.cwd() / "runs", Path.cwd() / "multirun"]
-        path = find_checkpoint(spec, roots, exclude=self.run_dir)
+        fits = {"framework": self.backend.name, "model": self.cfg.model.name}
+        path = find_checkpoint(spec, roots, exclude=self.run_dir, fits=fits)
         meta = load_checkpoint(path, self.backend, self.cfg.model.name, model, optimizer, precision)
-        log.info("resumed from %s: continuing after step %d", path, meta["step"])
-        return int(meta["step"])
+        step = int(meta["step"])
+        log.info("resumed from %s: continuing after step %d", path, step)
+        return step, metrics_history(checkpoint_run_dir(path), step)
 
     def _trace_summary(self, tracer: Tracer, trace_file, rank: int) -> Dict[str, Any] | None:
         """The trace file and its top operators by self time (also as top_ops.rank<r>.md)."""
@@ -229,10 +251,17 @@ class Trainer:
         if self.cfg.trainer.save_final_weights:
             np.savez(self.run_dir / f"final_weights.rank{dist.rank}.npz", **arrays)
         values = np.concatenate([a.ravel() for a in arrays.values()]).astype(np.float64)
-        fingerprint = np.array([values.sum(), (values * values).sum(), np.abs(values).sum()])
+        # Sums over the finite values plus counts of the others: NaN != NaN would make ranks
+        # that diverged identically to NaN look out of sync.
+        finite = values[np.isfinite(values)]
+        fingerprint = np.array([
+            finite.sum(), (finite * finite).sum(), np.abs(finite).sum(),
+            np.isnan(values).sum(), np.isposinf(values).sum(), np.isneginf(values).sum(),
+        ])  # fmt: skip
         # One collective: the max of (x, -x) gives every rank's largest and smallest value.
         extremes = dist.all_reduce(np.concatenate([fingerprint, -fingerprint]), "max")
-        in_sync = bool(np.array_equal(extremes[:3], -extremes[3:]))
+        n = len(fingerprint)
+        in_sync = bool(np.array_equal(extremes[:n], -extremes[n:]))
         if not in_sync:
             log.warning("parameters differ across ranks at the end of training")
         return in_sync

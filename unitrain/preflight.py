@@ -1,0 +1,153 @@
+"""What the command line checks before Hydra takes over, so that bad input costs one line.
+
+Hydra reports a wrong key or type over 7-8 lines with exit status 1, and creates (and, for an
+existing directory, overwrites) the run directory's ``.hydra/`` before the job sees its config.
+So the overrides are composed here first, with Hydra's own compose API against the same
+schema, and the run directory is checked while nothing has been written yet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Iterable, List, Optional
+
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
+from omegaconf import OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+#: Files whose presence means a directory holds an earlier job's results.
+RESULT_FILES = ("metrics.jsonl", "summary.json", "parity.json")
+
+
+class PreflightError(Exception):
+    """One line for the user; the command exits 2 and Hydra never starts."""
+
+
+def _overrides(args: Iterable[str]) -> List[str]:
+    return [a for a in args if not a.startswith("-") and "=" in a]
+
+
+def _single_runs(overrides: List[str]) -> List[List[str]]:
+    """Sweep-free override lists that together try every value of every sweep once."""
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    plain, sweeps = [], []
+    for text, override in zip(overrides, parsed):
+        if override.is_sweep_override():
+            key = override.get_key_element()
+            sweeps.append([f"{key}={value}" for value in override.sweep_string_iterator()])
+        else:
+            plain.append(text)
+    if not sweeps:
+        return [plain]
+    firsts = [values[0] for values in sweeps]
+    runs = [plain + firsts]
+    for i, values in enumerate(sweeps):
+        runs += [plain + firsts[:i] + [value] + firsts[i + 1 :] for value in values[1:]]
+    return runs
+
+
+def _allowed_keys(object_type) -> Optional[str]:
+    if object_type is not None and dataclasses.is_dataclass(object_type):
+        return ", ".join(f.name for f in dataclasses.fields(object_type))
+    return None
+
+
+def one_line(err: BaseException) -> str:
+    """Hydra's or OmegaConf's multi-line message, as one line naming the key and what is allowed."""
+    cause: Optional[BaseException] = err
+    while cause is not None and not isinstance(cause, OmegaConfBaseException):
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(cause, ConfigKeyError) or (isinstance(cause, OmegaConfBaseException) and "not in" in str(cause)):
+        key = getattr(cause, "full_key", None) or "?"
+        allowed = _allowed_keys(getattr(cause, "object_type", None))
+        parent = key.rpartition(".")[0]
+        where = f"under {parent}" if parent else "at the top level"
+        return f"{key} is not a config key; allowed keys {where}: {allowed}" if allowed else f"{key} is not a config key"
+    if isinstance(cause, ValidationError):
+        key = getattr(cause, "full_key", None) or "?"
+        first = str(cause).splitlines()[0]
+        return f"{key}: {first}"
+    if isinstance(err, OverrideParseException):
+        return f"cannot parse the overrides: {str(err).splitlines()[0]} (see Hydra's override grammar)"
+    text = str(cause or err).strip().splitlines()
+    return text[0] if text else type(err).__name__
+
+
+def _writable_dir(key: str, path: Path) -> None:
+    """Whether ``path`` could be created and written, leaving nothing behind: the name Hydra
+    gives a default directory is resolved again when it runs, so a directory made here would
+    stay empty."""
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    try:
+        if not existing.is_dir():
+            raise NotADirectoryError(20, "Not a directory", str(existing))
+        probe = existing / f".unitrain-write-probe-{os.getpid()}"
+        probe.mkdir()
+        probe.rmdir()
+    except OSError as err:
+        raise PreflightError(f"{key}={str(path)!r} is not allowed: {err.strerror or err}; allowed: a directory this user can write") from None
+
+
+def _earlier_results(folder: Path) -> Optional[Path]:
+    for name in RESULT_FILES:
+        if (folder / name).exists():
+            return folder / name
+    return None
+
+
+def _resumes_into(resume: Optional[str], run_dir: Path) -> bool:
+    """Whether ``trainer.resume`` names a checkpoint inside ``run_dir``: that run continues there."""
+    if not resume or resume == "latest":
+        return False
+    target = Path(resume).resolve()
+    return target == run_dir or run_dir in target.parents
+
+
+def check(args: List[str], config_module: str, config_name: str) -> None:
+    """Compose every override against the schema, then check the run (or sweep) directory."""
+    overrides = _overrides(args)
+    multirun = "-m" in args or "--multirun" in args
+    try:
+        runs = _single_runs(overrides)
+    except OverrideParseException as err:
+        raise PreflightError(one_line(err)) from None
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module=config_module, version_base=None):
+            cfgs = [compose(config_name, overrides=run, return_hydra_config=True) for run in runs]
+    except Exception as err:  # noqa: BLE001 - whatever Hydra raises, the user gets one line
+        raise PreflightError(one_line(err)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    for cfg in cfgs:
+        if multirun:
+            sweep_dir = Path(OmegaConf.select(cfg, "hydra.sweep.dir")).resolve()
+            _writable_dir("hydra.sweep.dir", sweep_dir)
+            taken = [p for p in sweep_dir.glob("*/") if _earlier_results(p)]
+            if taken:
+                raise PreflightError(
+                    f"hydra.sweep.dir={str(sweep_dir)!r} is not allowed: it holds an earlier sweep's results ({taken[0].name}/); "
+                    "allowed: a new directory (leave hydra.sweep.dir unset for a fresh one)"
+                )
+            continue
+        run_dir = Path(OmegaConf.select(cfg, "hydra.run.dir")).resolve()
+        _writable_dir("hydra.run.dir", run_dir)
+        earlier = _earlier_results(run_dir)
+        if earlier and not _resumes_into(OmegaConf.select(cfg, "trainer.resume"), run_dir):
+            raise PreflightError(
+                f"hydra.run.dir={str(run_dir)!r} is not allowed: it holds an earlier run's results ({earlier.name}), which "
+                "this run would replace; allowed: a new directory, or trainer.resume=<that run dir> to continue it"
+            )
+
+
+def quick_flags(args: List[str]) -> bool:
+    """Hydra's informational flags (--help, --cfg, --info...) compose nothing and write nothing."""
+    return any(a in ("--help", "-h", "--hydra-help", "--version", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc") for a in args)
+
