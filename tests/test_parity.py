@@ -97,3 +97,15 @@ def test_parity_beyond_tolerance_exits_non_zero_and_names_the_layer(tmp_path):
     report = json.loads((tmp_path / "parity.json").read_text())
     assert not report["passed"] and report["first_batch_activations"]["first_beyond_tolerance"]["layer"]
     assert "BEYOND tolerance" in proc.stdout
+
+
+def test_recipe_optimizer_features_follow_one_update_rule_on_both(tmp_path):
+    """Nesterov, label smoothing, global-norm clipping and no decay on BatchNorm and biases:
+    each framework's own implementation, one result. (Paddle clips parameter groups separately,
+    so unitrain gives it no groups; a norm of 0.5 binds from the first step, where it is about 4.4.)"""
+    proc = run_parity(
+        tmp_path, "model=tiny", "data.image_size=16", "steps=6", "tolerance=1e-5", "optim.nesterov=true", "optim.label_smoothing=0.1",
+        "optim.clip_grad_norm=0.5", "optim.decay_norm_and_bias=false", "optim.weight_decay=0.05",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads((tmp_path / "parity.json").read_text())["max_rel_loss_diff"] <= 1e-5

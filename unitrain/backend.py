@@ -86,8 +86,8 @@ class Backend(ABC):
 
     # --- step pieces ------------------------------------------------------------------------
     @abstractmethod
-    def loss(self, logits, labels):
-        """Mean cross-entropy, computed in fp32."""
+    def loss(self, logits, labels, label_smoothing: float = 0.0):
+        """Mean cross-entropy, computed in fp32, optionally against smoothed labels."""
 
     @abstractmethod
     def to_numpy(self, tensor): ...
@@ -207,3 +207,16 @@ def get_backend(name: str) -> Backend:
             raise
         _INSTANCES[name] = module.Backend()
     return _INSTANCES[name]
+
+
+def capability(backend: Backend, name: str):
+    """The backend's module for a capability (``evaluation``, ...): each capability is a core
+    module plus one module of the same name per backend, rather than more Backend methods."""
+    return importlib.import_module(f"{_BACKENDS[backend.name].module}.{name}")
+
+
+def decays(name: str, shape) -> bool:
+    """Whether ``optim.decay_norm_and_bias=false`` still decays this parameter: only the conv
+    and linear weights do (BatchNorm scales and shifts and biases are 1-D); the same rule on
+    both frameworks, whose parameter names line up."""
+    return len(shape) > 1

@@ -102,7 +102,8 @@ def load_runs(dirs: Sequence[str | Path]) -> List[Run]:
             found[run_dir] = Run(
                 dir=run_dir,
                 summary=json.loads(f.read_text()),
-                metrics=[json.loads(line) for line in metrics_file.read_text().splitlines()] if metrics_file.exists() else [],
+                # Training steps only: held-out evaluations are lines of their own (val_loss...).
+                metrics=[r for r in (json.loads(line) for line in metrics_file.read_text().splitlines()) if "loss" in r] if metrics_file.exists() else [],
                 config=yaml.safe_load((hydra / "config.yaml").read_text()) if hydra else {},
                 swept=_swept_keys(run_dir),
             )

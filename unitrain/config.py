@@ -14,6 +14,7 @@ from typing import Any, List, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from unitrain.augment import AUGMENTATIONS
 from unitrain.errors import ConfigError
 from unitrain.models import MODELS
 from unitrain.threads import available_cores
@@ -27,7 +28,7 @@ LR_SCALINGS = ("linear", "keep_global")
 PROFILER_MODES = ("off", "timer", "trace")
 SAMPLER_REMAINDERS = ("pad", "drop")
 SAMPLER_ORDERS = ("global", "shard")
-DATASET_NAMES = ("synthetic", "learnable", "imagefolder")
+DATASET_NAMES = ("synthetic", "learnable", "imagefolder", "fashion_mnist")
 LOGGERS = ("tensorboard", "visualdl")
 NONFINITE_POLICIES = ("stop", "warn")
 
@@ -89,6 +90,14 @@ class DataConfig:
     # How the sampler splits data across replicas (see unitrain.sampler).
     remainder: str = "pad"
     order: str = "global"
+    # The held-out set evaluated by trainer.eval_every. imagefolder: a second directory of class
+    # sub-directories. Synthetic sets: this many samples from the same distribution, disjoint
+    # from the training samples (0: none).
+    val_path: Optional[str] = None
+    val_samples: int = 0
+    # Training-time augmentation, identical on both frameworks: none, or standard (random crop
+    # with 4 pixels of padding and horizontal flip, a pure function of seed, epoch and index).
+    augment: str = "none"
     # imagefolder only: skip files that cannot be decoded (counted in summary.json) instead of
     # ending the run with one line naming the first such file.
     skip_bad_files: bool = False
@@ -109,6 +118,13 @@ class OptimConfig:
     # linear: per-device batch kept, global batch = batch_size*K*A, lr scaled by K*A;
     # keep_global: global batch = batch_size, per-device batch = batch_size/(K*A), lr unchanged.
     lr_scaling: str = "linear"
+    nesterov: bool = False
+    # Cross-entropy against (1 - e) one-hot + e / classes; held-out loss stays plain cross-entropy.
+    label_smoothing: float = 0.0
+    # Rescale all gradients together when their global L2 norm exceeds this (None: never).
+    clip_grad_norm: Optional[float] = None
+    # false: no weight decay on BatchNorm parameters and biases (common in ResNet recipes).
+    decay_norm_and_bias: bool = True
 
 
 @dataclass
@@ -132,6 +148,10 @@ class TrainerConfig:
     # Extra metric sinks besides metrics.jsonl: tensorboard (tensorboardX), visualdl.
     loggers: List[str] = field(default_factory=list)
     checkpoint_every: int = 0
+    # Evaluate on the held-out set every N steps (0: only at the end); timed apart from training.
+    eval_every: int = 0
+    # Samples per batch when evaluating (per device).
+    eval_batch_size: int = 256
     # Keep the newest N checkpoints of the run (0 keeps all); `latest` always names a kept one.
     keep_checkpoints: int = 3
     resume: Optional[str] = None
@@ -218,6 +238,7 @@ def validate(cfg: UnitrainConfig | Any) -> None:
         _positive("data.num_samples", cfg.data.num_samples)
     if cfg.data.num_workers < 0:
         raise ConfigError("data.num_workers", cfg.data.num_workers, "an integer >= 0")
+    _one_of("data.augment", cfg.data.augment, AUGMENTATIONS)
     _one_of("data.remainder", cfg.data.remainder, SAMPLER_REMAINDERS)
     _one_of("data.order", cfg.data.order, SAMPLER_ORDERS)
     if cfg.data.name == "imagefolder":
@@ -236,6 +257,12 @@ def validate(cfg: UnitrainConfig | Any) -> None:
     if cfg.optim.warmup_steps < 0:
         raise ConfigError("optim.warmup_steps", cfg.optim.warmup_steps, "an integer >= 0")
     _positive("optim.step_size", cfg.optim.step_size)
+    if not 0 <= cfg.optim.label_smoothing < 1:
+        raise ConfigError("optim.label_smoothing", cfg.optim.label_smoothing, "a number in [0, 1)")
+    if cfg.optim.clip_grad_norm is not None:
+        _positive("optim.clip_grad_norm", cfg.optim.clip_grad_norm)
+    if cfg.optim.nesterov and cfg.optim.momentum == 0:
+        raise ConfigError("optim.nesterov", True, "false when optim.momentum=0 (Nesterov needs momentum)")
     if cfg.trainer.steps is not None:
         _positive("trainer.steps", cfg.trainer.steps)
     _positive("trainer.epochs", cfg.trainer.epochs)
@@ -247,6 +274,13 @@ def validate(cfg: UnitrainConfig | Any) -> None:
             # Oversubscribed threads measure contention, not the framework (1000 threads ran
             # ~0.1% of the speed of 2 here).
             raise ConfigError("trainer.threads", cfg.trainer.threads, f"at most {cores}, the cores this process may use (or unset: all of them)")
+    if cfg.trainer.eval_every < 0:
+        raise ConfigError("trainer.eval_every", cfg.trainer.eval_every, "an integer >= 0 (0: evaluate only at the end)")
+    _positive("trainer.eval_batch_size", cfg.trainer.eval_batch_size)
+    if cfg.data.val_samples < 0:
+        raise ConfigError("data.val_samples", cfg.data.val_samples, "an integer >= 0 (0: no held-out set)")
+    if cfg.data.val_path is not None and not os.path.isdir(cfg.data.val_path):
+        raise ConfigError("data.val_path", cfg.data.val_path, "an existing directory of class sub-directories")
     if cfg.trainer.checkpoint_every < 0:
         raise ConfigError("trainer.checkpoint_every", cfg.trainer.checkpoint_every, "an integer >= 0 (0: no checkpoints)")
     if cfg.trainer.keep_checkpoints < 0:

@@ -13,6 +13,7 @@ from typing import Tuple
 import numpy as np
 
 from unitrain.errors import ConfigError
+from unitrain.fashion_mnist import FashionMNISTDataset
 from unitrain.registry import Registry
 
 Sample = Tuple[np.ndarray, np.int64]
@@ -26,9 +27,12 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".t
 class SyntheticDataset:
     """Random images and labels, like the seed's RandomDataset: measures speed, learns nothing."""
 
-    def __init__(self, num_samples: int, image_size: int = 32, num_classes: int = 10, seed: int = 0, sample_delay_s: float = 0.0):
+    #: RNG streams: training samples, class templates, held-out samples (augmentation uses 3).
+    TRAIN, TEMPLATES, HELD_OUT = 0, 1, 2
+
+    def __init__(self, num_samples: int, image_size: int = 32, num_classes: int = 10, seed: int = 0, sample_delay_s: float = 0.0, stream: int = 0):
         self.num_samples, self.image_size, self.num_classes, self.seed = num_samples, image_size, num_classes, seed
-        self.sample_delay_s = sample_delay_s
+        self.sample_delay_s, self.stream = sample_delay_s, stream
 
     def __len__(self) -> int:
         return self.num_samples
@@ -38,8 +42,9 @@ class SyntheticDataset:
             raise IndexError(f"index {index} out of range for {self.num_samples} samples")
         if self.sample_delay_s:
             time.sleep(self.sample_delay_s)  # stands in for decoding a real image
-        # Stream 0 holds samples, stream 1 the class templates: no overlap between them.
-        return np.random.default_rng((self.seed, 0, index))
+        # Training samples, templates and held-out samples come from separate streams, so the
+        # held-out set is disjoint from the training set yet from the same distribution.
+        return np.random.default_rng((self.seed, self.stream, index))
 
     def __getitem__(self, index: int) -> Sample:
         rng = self._rng(index)
@@ -54,9 +59,9 @@ class LearnableDataset(SyntheticDataset):
     # Pattern amplitude against unit-variance noise: learned within tens to hundreds of CPU steps, not at once.
     signal = 1.0
 
-    def __init__(self, num_samples: int, image_size: int = 32, num_classes: int = 10, seed: int = 0, sample_delay_s: float = 0.0):
-        super().__init__(num_samples, image_size, num_classes, seed, sample_delay_s)
-        templates = np.random.default_rng((seed, 1)).standard_normal(
+    def __init__(self, num_samples: int, image_size: int = 32, num_classes: int = 10, seed: int = 0, sample_delay_s: float = 0.0, stream: int = 0):
+        super().__init__(num_samples, image_size, num_classes, seed, sample_delay_s, stream)
+        templates = np.random.default_rng((seed, self.TEMPLATES)).standard_normal(
             (num_classes, 3, image_size, image_size), dtype=np.float32
         )
         self.templates = templates
@@ -108,6 +113,7 @@ DATASETS: Registry[type] = Registry("dataset")
 DATASETS.register("synthetic", SyntheticDataset)
 DATASETS.register("learnable", LearnableDataset)
 DATASETS.register("imagefolder", ImageFolderDataset)
+DATASETS.register("fashion_mnist", FashionMNISTDataset)
 
 
 def build_dataset(cfg, default_size: int, seed: int):
@@ -115,4 +121,26 @@ def build_dataset(cfg, default_size: int, seed: int):
     cls = DATASETS.get(cfg.name)
     if cls is ImageFolderDataset:
         return ImageFolderDataset(cfg.path, cfg.image_size)
+    if cls is FashionMNISTDataset:
+        return FashionMNISTDataset(cfg.path, "train", cfg.image_size, cfg.num_samples)
     return cls(cfg.num_samples or default_size, cfg.image_size, cfg.num_classes, seed, cfg.sample_delay_s)
+
+
+def build_heldout_dataset(cfg, seed: int):
+    """The held-out set of a DataConfig, or None when it has none: Fashion-MNIST's 10,000 test
+    images (the first ``val_samples`` if set), ``val_path`` for imagefolder, ``val_samples``
+    samples from the held-out stream for the synthetic sets."""
+    cls = DATASETS.get(cfg.name)
+    if cls is FashionMNISTDataset:
+        return FashionMNISTDataset(cfg.path, "test", cfg.image_size, cfg.val_samples or None)
+    if cls is ImageFolderDataset:
+        if not cfg.val_path:
+            return None
+        train_classes = ImageFolderDataset(cfg.path, cfg.image_size).classes
+        held_out = ImageFolderDataset(cfg.val_path, cfg.image_size)
+        if held_out.classes != train_classes:
+            raise ConfigError("data.val_path", cfg.val_path, f"a directory with the same class sub-directories as data.path ({', '.join(train_classes)})")
+        return held_out
+    if not cfg.val_samples:
+        return None
+    return cls(cfg.val_samples, cfg.image_size, cfg.num_classes, seed, 0.0, SyntheticDataset.HELD_OUT)

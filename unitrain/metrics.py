@@ -31,12 +31,15 @@ class MetricsLog:
     beside and renamed into place, so that the earlier records are never lost half-way."""
 
     def __init__(self, path: Path | None = None, sinks: Sequence = (), history: Sequence[Dict[str, Any]] = ()):
-        self.records: List[Dict[str, float]] = list(history)
+        # Held-out evaluations are lines of their own (val_loss, val_top1, ...), kept apart from
+        # the training steps whose means final() takes.
+        self.records: List[Dict[str, float]] = [r for r in history if "loss" in r]
+        self.evals: List[Dict[str, float]] = [r for r in history if "loss" not in r]
         self.sinks = list(sinks)  # TensorBoard / VisualDL writers, when asked for
         self._file = None
-        if path and self.records:
+        if path and history:
             tmp = Path(path).with_name(f".{Path(path).name}.tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in self.records), encoding="utf-8")
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in history), encoding="utf-8")
             os.replace(tmp, path)
             self._file = open(path, "a", encoding="utf-8")
         elif path:
@@ -44,6 +47,13 @@ class MetricsLog:
 
     def append(self, record: Dict[str, float]) -> None:
         self.records.append(record)
+        self._write(record)
+
+    def append_eval(self, record: Dict[str, float]) -> None:
+        self.evals.append(record)
+        self._write(record)
+
+    def _write(self, record: Dict[str, float]) -> None:
         if self._file:
             self._file.write(json.dumps(record) + "\n")
             self._file.flush()

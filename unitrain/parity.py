@@ -106,9 +106,9 @@ def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
             images, labels = next(r["batches"])
             if step == 0:
                 with backend.capture_outputs(r["model"]) as acts[name]:
-                    loss = backend.loss(r["model"](images), labels)
+                    loss = backend.loss(r["model"](images), labels, cfg.optim.label_smoothing)
             else:
-                loss = backend.loss(r["model"](images), labels)
+                loss = backend.loss(r["model"](images), labels, cfg.optim.label_smoothing)
             loss.backward()
             r["optimizer"].step()
             r["optimizer"].zero_grad()

@@ -57,6 +57,11 @@ class Profiler:
             self._reader_cost += time.perf_counter() - start
             yield batch
 
+    def restart_clock(self) -> None:
+        """Time from here on is the next step's: what ran since the last step (evaluation) is
+        neither step time nor reader time, so training throughput stays honest."""
+        self._last, self._reader_cost = time.perf_counter(), 0.0
+
     def step(self, num_samples: int) -> StepTime:
         """Mark the end of a training step that consumed ``num_samples`` samples."""
         now = time.perf_counter()

@@ -10,18 +10,21 @@ import logging
 import resource
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 from omegaconf import OmegaConf
 
 from unitrain import __version__
+from unitrain.augment import AugmentedDataset, EpochKeyedBatches
 from unitrain.backend import Backend, get_backend
 from unitrain.checkpoint import (
     checkpoint_run_dir, clean_partial_checkpoints, find_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint,
 )  # fmt: skip
 from unitrain.config import UnitrainConfig
-from unitrain.data import build_dataset
+from unitrain.data import build_dataset, build_heldout_dataset
+from unitrain.evaluation import Evaluator
 from unitrain.errors import ConfigError, NothingLeftToRun
 from unitrain.loggers import make_sinks
 from unitrain.metrics import MetricsLog, NonFiniteWatch, metrics_history, topk_accuracy
@@ -42,6 +45,29 @@ def train(cfg: UnitrainConfig, run_dir: str | Path) -> Dict[str, Any]:
     return Trainer(cfg, get_backend(cfg.backend.name), run_dir, threads).fit()
 
 
+@dataclass
+class Job:
+    """The pieces of a run, built once by :meth:`Trainer.setup` and used by the loop, and by
+    anything else that trains or evaluates the same model rather than building its own."""
+
+    dist: Any
+    precision: Any
+    plan: BatchPlan
+    dataset: Any
+    sampler: Any  # a DistributedBatchSampler, or its epoch-keyed view with augmentation
+    loader: Any
+    model: Any  # wrapped for data parallel: train with this one
+    optimizer: Any
+    raw_model: Any  # unwrapped: evaluate, checkpoint and inspect this one
+    raw_optimizer: Any
+    steps_per_epoch: int
+    total_steps: int
+    num_classes: int
+    start_step: int = 0
+    history: List[Dict[str, Any]] = field(default_factory=list)
+    evaluator: Optional[Evaluator] = None
+
+
 class Trainer:
     """Runs ``cfg`` on ``backend`` and writes metrics.jsonl and summary.json into ``run_dir``."""
 
@@ -60,7 +86,9 @@ class Trainer:
             gc.collect()
         return summary
 
-    def _fit(self, dist) -> Dict[str, Any]:
+    def setup(self, dist) -> "Job":
+        """Build everything a run needs, once: data, sampler, model (restored from
+        ``trainer.resume``), optimizer, precision, the distributed wrappers, loaders, evaluator."""
         cfg, backend = self.cfg, self.backend
         precision = backend.precision(cfg.amp)
         plan = BatchPlan.from_config(cfg, dist.world_size)
@@ -94,76 +122,108 @@ class Trainer:
             raise NothingLeftToRun(f"the checkpoint is at step {start_step} and this run has {total_steps} steps: nothing left to run; earlier results are unchanged")
         if dist.is_main_process:
             clean_partial_checkpoints(self.run_dir)
-        raw_model, raw_optimizer = model, optimizer
-        model, optimizer = dist.wrap_model(model), dist.wrap_optimizer(optimizer)
+        held_out = build_heldout_dataset(cfg.data, seed=cfg.trainer.seed)
+        evaluator = Evaluator(backend, held_out, dist, cfg.trainer.eval_batch_size, cfg.data.num_workers) if held_out is not None else None
+        wrapped_model, wrapped_optimizer = dist.wrap_model(model), dist.wrap_optimizer(optimizer)
+        if cfg.data.augment != "none":
+            dataset, sampler = AugmentedDataset(dataset, cfg.trainer.seed, cfg.data.augment), EpochKeyedBatches(sampler, len(dataset))
         loader = backend.make_loader(dataset, sampler, cfg.data.num_workers, dist.device)
+        return Job(
+            dist, precision, plan, dataset, sampler, loader, wrapped_model, wrapped_optimizer, model, optimizer,
+            steps_per_epoch, total_steps, num_classes, start_step, history, evaluator,
+        )  # fmt: skip
 
+    def train_mode(self, job: "Job") -> None:
+        job.model.train()
+        if self.cfg.model.freeze_bn:
+            self.backend.freeze_batchnorm(job.model)
+
+    def train_step(self, job: "Job", step: int, batches: Iterator) -> Tuple[np.ndarray, bool, float]:
+        """One optimizer step (0-based ``step``) over ``accumulate_steps`` micro-batches drawn
+        from ``batches``: the mean (loss, top1, top5) of this rank, whether the optimizer
+        stepped (AMP skips steps with inf/nan gradients), and the lr used."""
+        backend, precision, accumulate = self.backend, job.precision, job.plan.accumulate_steps
+        lr = lr_at(step, job.total_steps, self.cfg.optim, job.plan.lr)
+        backend.set_lr(job.optimizer, lr)
+        sums = np.zeros(3)
+        for micro in range(1, accumulate + 1):
+            images, labels = next(batches)
+            # Gradients are averaged across ranks only on the last micro-step.
+            sync = contextlib.nullcontext() if micro == accumulate else job.dist.no_sync(job.model)
+            with sync:
+                with precision.autocast():
+                    logits = job.model(precision.convert_input(images))
+                    loss = backend.loss(logits, labels, self.cfg.optim.label_smoothing)
+                precision.backward(loss / accumulate if accumulate > 1 else loss)
+            # Reading values back also waits for the device, so the step time is honest.
+            sums += (float(backend.to_numpy(loss)), *topk_accuracy(backend.to_numpy(logits), backend.to_numpy(labels)))
+        stepped = precision.step(job.optimizer)
+        job.optimizer.zero_grad()
+        return sums / accumulate, stepped is not False, lr
+
+    def evaluate(self, job: "Job") -> Dict[str, float]:
+        """The held-out metrics of the current weights; the model is back in training mode after."""
+        result = job.evaluator(job.raw_model, job.precision)
+        self.train_mode(job)
+        return result
+
+    def _fit(self, dist) -> Dict[str, Any]:
+        cfg, backend = self.cfg, self.backend
+        job = self.setup(dist)
+        plan, precision, total_steps, steps_per_epoch = job.plan, job.precision, job.total_steps, job.steps_per_epoch
         profiler = Profiler(cfg.profiler.warmup_steps, enabled=cfg.profiler.mode != "off")
         tracer = backend.tracer(cfg.profiler, self.run_dir / f"trace.rank{dist.rank}.json") if cfg.profiler.mode == "trace" else Tracer()
         main = dist.is_main_process
         metrics = MetricsLog(
-            self.run_dir / "metrics.jsonl" if main else None, make_sinks(cfg.trainer.loggers, self.run_dir) if main else (), history=history
+            self.run_dir / "metrics.jsonl" if main else None, make_sinks(cfg.trainer.loggers, self.run_dir) if main else (), history=job.history
         )
         log.info(
             "%s %s on %s (rank %d of %d), %d thread(s), %s, %d steps of %d samples (%d per device x %d micro-steps), lr %g",
             backend.package, backend.version(), dist.device, dist.rank, dist.world_size, self.threads,
-            precision.requested, total_steps, plan.global_batch, plan.micro_batch, accumulate, plan.lr,
+            precision.requested, total_steps, plan.global_batch, plan.micro_batch, plan.accumulate_steps, plan.lr,
         )  # fmt: skip
-        progress = StepProgress(
-            total_steps, f"{backend.name} {cfg.model.name}", dist.is_main_process and cfg.trainer.progress, cfg.trainer.log_every
-        )
+        progress = StepProgress(total_steps, f"{backend.name} {cfg.model.name}", main and cfg.trainer.progress, cfg.trainer.log_every)
         started, loop_started_at = time.perf_counter(), time.time()
-        step, micro, sums, pending = start_step, 0, np.zeros(3), []
+        step, pending, evaluations = job.start_step, [], []
         watch = NonFiniteWatch(cfg.trainer.on_nonfinite, cfg.optim.lr)
-        first_epoch, skip = divmod(start_step, steps_per_epoch)
-        model.train()
-        if cfg.model.freeze_bn:
-            backend.freeze_batchnorm(model)
+        first_epoch, skip = divmod(job.start_step, steps_per_epoch)
+        self.train_mode(job)
         tracer.start()
         try:
             for epoch in range(first_epoch, cfg.trainer.epochs):
                 # On resume, each rank skips the batches of its own shard it has trained on.
-                sampler.set_epoch(epoch, start_batch=skip * accumulate if epoch == first_epoch else 0)
-                for images, labels in profiler.timed(loader):
-                    if micro == 0:
-                        lr = lr_at(step, total_steps, cfg.optim, plan.lr)
-                        backend.set_lr(optimizer, lr)
-                    micro += 1
-                    # Gradients are averaged across ranks only on the last micro-step.
-                    sync = contextlib.nullcontext() if micro == accumulate else dist.no_sync(model)
-                    with sync:
-                        with precision.autocast():
-                            logits = model(precision.convert_input(images))
-                            loss = backend.loss(logits, labels)
-                        precision.backward(loss / accumulate if accumulate > 1 else loss)
-                    # Reading values back also waits for the device, so the step time is honest.
-                    sums += (float(backend.to_numpy(loss)), *topk_accuracy(backend.to_numpy(logits), backend.to_numpy(labels)))
-                    if micro < accumulate:
-                        continue
-                    stepped = precision.step(optimizer)
-                    optimizer.zero_grad()
+                job.sampler.set_epoch(epoch, start_batch=skip * plan.accumulate_steps if epoch == first_epoch else 0)
+                batches = profiler.timed(job.loader)
+                while step < (epoch + 1) * steps_per_epoch:
+                    local, stepped, lr = self.train_step(job, step, batches)
                     timing = profiler.step(plan.global_batch)
                     tracer.step()
                     step += 1
                     record = {"epoch": epoch, "step": step, "lr": lr, "reader_cost": timing.reader_cost, "batch_cost": timing.batch_cost, "ips": timing.ips}
-                    record.update(precision.metrics())
-                    pending.append((record, sums / accumulate, stepped is not False))
-                    micro, sums = 0, np.zeros(3)
+                    record.update(precision.metrics(), elapsed_s=time.perf_counter() - started)
+                    pending.append((record, local, stepped))
                     # Logged values are means over all ranks, not rank 0's alone. One all-reduce
                     # per log_every steps: per step, its latency (~1 ms on gloo here) was over 1%
                     # of a data-parallel step.
                     every = cfg.trainer.checkpoint_every
                     checkpoint_now = every and (step % every == 0 or step == total_steps)
-                    # Checkpoint steps flush too (on every rank: the flush is a collective), so
-                    # that no checkpoint holds weights whose loss has not been checked.
-                    if not dist.is_distributed or len(pending) >= cfg.trainer.log_every or step % steps_per_epoch == 0 or checkpoint_now:
+                    evaluate_now = job.evaluator is not None and (step == total_steps or (cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0))
+                    # Checkpoint and evaluation steps flush too (on every rank: the flush is a
+                    # collective), so that no checkpoint holds weights whose loss has not been checked.
+                    if not dist.is_distributed or len(pending) >= cfg.trainer.log_every or step % steps_per_epoch == 0 or checkpoint_now or evaluate_now:
                         self._log_pending(dist, pending, metrics, progress, watch)
+                    if evaluate_now:
+                        result = self.evaluate(job)
+                        evaluations.append({"epoch": epoch, "step": step, **result, "elapsed_s": time.perf_counter() - started})
+                        metrics.append_eval(evaluations[-1])
+                        log.info("step %d/%d  held-out: loss %.4f top1 %.4f top5 %.4f (%d samples, %.2f s)", step, total_steps,
+                                 result["val_loss"], result["val_top1"], result["val_top5"], result["val_samples"], result["eval_s"])  # fmt: skip
+                        profiler.restart_clock()
                     if checkpoint_now and dist.is_main_process:
-                        path = save_checkpoint(self.run_dir, step, epoch, backend, raw_model, raw_optimizer, precision, self._config())
+                        path = save_checkpoint(self.run_dir, step, epoch, backend, job.raw_model, job.raw_optimizer, precision, self._config())
                         prune_checkpoints(self.run_dir, cfg.trainer.keep_checkpoints)
                         log.info("checkpoint: %s", path)
-                    if step >= (epoch + 1) * steps_per_epoch:
-                        break
+                batches.close()
         finally:
             trace_file = tracer.stop()
             progress.close()
@@ -171,18 +231,27 @@ class Trainer:
         wall = time.perf_counter() - started
         trace = self._trace_summary(tracer, trace_file, dist.rank)
 
-        summary = self._summary(dist, precision, plan, metrics, profiler, wall, num_classes, len(dataset))
+        summary = self._summary(dist, precision, plan, metrics, profiler, wall, job.num_classes, len(job.dataset))
         summary.update(
-            num_parameters=backend.num_parameters(raw_model),
-            ranks_in_sync=self._check_ranks_in_sync(dist, raw_model),
+            num_parameters=backend.num_parameters(job.raw_model),
+            ranks_in_sync=self._check_ranks_in_sync(dist, job.raw_model),
             trace=trace,
             loop_started_at=loop_started_at,  # wall clock, for start-up time measurements
             memory=self._peak_memory(dist),
+            eval=self._eval_summary(evaluations),
         )
         if dist.is_main_process:
             log.info("\n%s", profiler.format_summary())
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
+
+    @staticmethod
+    def _eval_summary(evaluations: List[Dict[str, Any]]) -> Dict[str, Any] | None:
+        """The last held-out result, and the evaluation time apart from training time."""
+        if not evaluations:
+            return None
+        last = {k: evaluations[-1][k] for k in ("step", "val_loss", "val_top1", "val_top5", "val_samples")}
+        return {**last, "evaluations": len(evaluations), "eval_s_total": sum(e["eval_s"] for e in evaluations)}
 
     @staticmethod
     def _log_pending(dist, pending: list, metrics: MetricsLog, progress: StepProgress, watch: "NonFiniteWatch") -> None:

@@ -1,20 +1,31 @@
-"""The seed's optimizer in paddle: Momentum with L2Decay."""
+"""The seed's optimizer in paddle: Momentum with L2Decay (Nesterov, clipping optional)."""
 
 from __future__ import annotations
 
 import paddle
 
+from unitrain.backend import decays
 from unitrain.config import OptimConfig
 
 
 def build_optimizer(model: paddle.nn.Layer, cfg: OptimConfig) -> paddle.optimizer.Momentum:
     # L2Decay adds weight_decay * param to the gradient before momentum: the same update as
     # torch.optim.SGD(weight_decay=...), so both frameworks follow one update rule.
+    named = [(n, p) for n, p in model.named_parameters() if not p.stop_gradient]
+    if not cfg.decay_norm_and_bias:
+        # A parameter's own regularizer overrides the optimizer's. Not parameter groups: paddle
+        # clips each group by its own global norm, torch (and the definition) all together.
+        for n, p in named:
+            if not decays(n, p.shape):
+                p.regularizer = paddle.regularizer.L2Decay(0.0)
+    parameters = [p for _, p in named]
     return paddle.optimizer.Momentum(
         learning_rate=cfg.lr,
         momentum=cfg.momentum,
-        parameters=model.parameters(),
+        parameters=parameters,
+        use_nesterov=cfg.nesterov,
         weight_decay=paddle.regularizer.L2Decay(cfg.weight_decay),
+        grad_clip=paddle.nn.ClipGradByGlobalNorm(cfg.clip_grad_norm) if cfg.clip_grad_norm is not None else None,
     )
 
 

@@ -52,8 +52,8 @@ class TorchBackend(Backend):
     def make_loader(self, dataset, batch_sampler, num_workers: int = 0, device: str = "cpu"):
         return data.make_loader(dataset, batch_sampler, num_workers, device)
 
-    def loss(self, logits, labels):
-        return F.cross_entropy(logits.float(), labels)
+    def loss(self, logits, labels, label_smoothing: float = 0.0):
+        return F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
 
     def to_numpy(self, tensor):
         return tensor.detach().float().cpu().numpy()

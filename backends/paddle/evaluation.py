@@ -1,0 +1,16 @@
+"""Inference mode for evaluation in paddle: running BatchNorm statistics, no autograd graph."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import paddle
+
+
+@contextlib.contextmanager
+def inference(model: paddle.nn.Layer) -> Iterator[None]:
+    """``model.eval()`` under ``paddle.no_grad()``; the caller puts the model back in training mode."""
+    model.eval()
+    with paddle.no_grad():
+        yield

@@ -1,0 +1,16 @@
+"""Inference mode for evaluation in torch: running BatchNorm statistics, no autograd graph."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+
+@contextlib.contextmanager
+def inference(model: torch.nn.Module) -> Iterator[None]:
+    """``model.eval()`` under ``torch.no_grad()``; the caller puts the model back in training mode."""
+    model.eval()
+    with torch.no_grad():
+        yield
