@@ -22,7 +22,8 @@ class CliResult:
         return json.loads((self.run_dir / "summary.json").read_text())
 
     def metrics(self) -> List[dict]:
-        return [json.loads(line) for line in (self.run_dir / "metrics.jsonl").read_text().splitlines()]
+        """The training steps (held-out evaluations are lines of their own, without "loss")."""
+        return [r for r in map(json.loads, (self.run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
 def run_unitrain(args: List[str], tmp_path: Path, module: str = "unitrain", timeout: int = 300) -> CliResult:

@@ -16,7 +16,7 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 from omegaconf import OmegaConf
 
-from unitrain import __version__
+from unitrain import __version__, machine
 from unitrain.augment import AugmentedDataset, EpochKeyedBatches
 from unitrain.backend import Backend, get_backend
 from unitrain.checkpoint import (
@@ -238,6 +238,7 @@ class Trainer:
             trace=trace,
             loop_started_at=loop_started_at,  # wall clock, for start-up time measurements
             memory=self._peak_memory(dist),
+            cpu=machine.cpu(),
             eval=self._eval_summary(evaluations),
         )
         if dist.is_main_process:

@@ -1,0 +1,36 @@
+"""What this machine's CPU can do: recorded beside every timing, because machines differ.
+
+Int8 and bf16 speed on a CPU depends on instruction-set extensions (VNNI and AMX for int8,
+AVX512-BF16 and AMX-BF16 for bf16); one machine of this project had AVX2 only, another
+AVX-512 with VNNI and bf16.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+from typing import Dict, List
+
+#: The extensions that decide vectorised fp32, int8 and bf16 speed, as /proc/cpuinfo names them.
+FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+
+
+@functools.lru_cache(maxsize=None)
+def cpu() -> Dict[str, object]:
+    """Model name, logical CPUs and which of :data:`FLAGS` this CPU has (Linux; elsewhere unknown)."""
+    model, flags, count = platform.processor() or None, set(), 0
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "processor":
+                    count += 1
+                elif key == "model name" and model in (None, "", platform.processor()):
+                    model = value.strip()
+                elif key == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        return {"model": model, "logical_cpus": None, "extensions": None}
+    extensions: List[str] = [f for f in FLAGS if f in flags]
+    return {"model": model, "logical_cpus": count, "extensions": extensions}
