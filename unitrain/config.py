@@ -7,6 +7,7 @@ Value checks that types cannot express live in :func:`validate`.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
@@ -209,8 +210,9 @@ def _one_of(key: str, value: Any, allowed) -> None:
 
 
 def _positive(key: str, value: Any) -> None:
-    if value is None or value <= 0:
-        raise ConfigError(key, value, "a number > 0")
+    # nan <= 0 is False, so finiteness is checked on its own.
+    if value is None or not math.isfinite(value) or value <= 0:
+        raise ConfigError(key, value, "a finite number > 0")
 
 
 def validate(cfg: UnitrainConfig | Any) -> None:
@@ -248,9 +250,9 @@ def validate(cfg: UnitrainConfig | Any) -> None:
             raise ConfigError("data.path", cfg.data.path, "an existing directory of class sub-directories")
     _one_of("optim.name", cfg.optim.name, ("momentum",))
     _positive("optim.lr", cfg.optim.lr)
-    if not 0 <= cfg.optim.momentum < 1:
+    if not 0 <= cfg.optim.momentum < 1:  # also false for nan
         raise ConfigError("optim.momentum", cfg.optim.momentum, "a number in [0, 1)")
-    if cfg.optim.weight_decay < 0:
+    if not math.isfinite(cfg.optim.weight_decay) or cfg.optim.weight_decay < 0:
         raise ConfigError("optim.weight_decay", cfg.optim.weight_decay, "a number >= 0")
     _one_of("optim.schedule", cfg.optim.schedule, LR_SCHEDULES)
     _one_of("optim.lr_scaling", cfg.optim.lr_scaling, LR_SCALINGS)
@@ -266,6 +268,8 @@ def validate(cfg: UnitrainConfig | Any) -> None:
     if cfg.trainer.steps is not None:
         _positive("trainer.steps", cfg.trainer.steps)
     _positive("trainer.epochs", cfg.trainer.epochs)
+    if cfg.trainer.seed < 0:
+        raise ConfigError("trainer.seed", cfg.trainer.seed, "an integer >= 0 (NumPy seeds the data order and shared weights with it)")
     _positive("trainer.batch_size", cfg.trainer.batch_size)
     if cfg.trainer.threads is not None:
         _positive("trainer.threads", cfg.trainer.threads)
