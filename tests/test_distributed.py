@@ -64,6 +64,10 @@ def test_two_workers_equal_one_worker_with_the_doubled_batch(backend, tmp_path):
     # Each rank wrote its log where Paddle's launcher would; the main process showed rank 0's.
     assert (two.run_dir / "workerlog.0").exists() and (two.run_dir / "workerlog.1").exists()
     assert "[rank 0] " in two.stdout and "| 2 | 16 |" in two.stdout
+    # The frameworks' start-up output stays in the logs; the user sees unitrain's lines only.
+    assert "][unitrain][INFO] - " in two.stdout and "Perf Summary" in two.stdout
+    if backend == "paddle":
+        assert "topology.py" in (two.run_dir / "workerlog.0").read_text() and "topology.py" not in two.stdout
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -154,6 +158,9 @@ def test_killing_a_worker_ends_the_job_and_leaves_nothing(backend, tmp_path):
     assert main.returncode not in (0, None)
     assert took < 60
     assert "rank 1 stopped without reporting" in err and "workerlog.1" in err, err[-3000:]
+    # The innocent rank is named as what it is, and the log shown is the dead rank's.
+    assert "rank 0 stopped without reporting" not in err and "rank 0 failed" not in err, err[-3000:]
+    assert f"last lines of {run_dir / 'workerlog.1'}" in err, err[-3000:]
     assert not [p for p in (s["pid"] for s in statuses.values()) if _alive(p)]
     assert _processes_mentioning(str(run_dir)) == []
 

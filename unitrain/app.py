@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from importlib import resources
 from pathlib import Path
@@ -16,7 +17,7 @@ from omegaconf import DictConfig
 from unitrain import preflight
 from unitrain.compare import table, write_report
 from unitrain.config import register_configs, validate
-from unitrain.errors import NothingLeftToRun, UnitrainError
+from unitrain.errors import NothingLeftToRun, Stopped, UnitrainError
 from unitrain.launch import launch, run_isolated
 from unitrain.trainer import train
 
@@ -26,6 +27,10 @@ register_configs()
 def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     """One job: validate, pick the backend, train, print the table. Errors become one line."""
     run_dir = HydraConfig.get().runtime.output_dir
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        # As an exception, so that every finally clause runs: the launcher and its workers are
+        # stopped, metrics are flushed.
+        signal.signal(sig, _raise_stopped)
     try:
         validate(cfg)
         if cfg.dist.nproc_per_node * cfg.dist.nnodes > 1:
@@ -43,6 +48,9 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     except NothingLeftToRun as err:
         print(f"unitrain: {err}", flush=True)
         return None
+    except KeyboardInterrupt:
+        print("unitrain: error: interrupted (Ctrl-C); nothing it started is left running", file=sys.stderr, flush=True)
+        sys.exit(130)
     except UnitrainError as err:
         print(f"unitrain: error: {err}", file=sys.stderr, flush=True)
         sys.exit(getattr(err, "exit_code", 2))
@@ -57,6 +65,10 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     elif HydraConfig.get().mode.name == "RUN":
         print("\n" + table([run_dir]) + f"\n\nrun directory: {run_dir}", flush=True)
     return summary
+
+
+def _raise_stopped(signum, frame) -> None:
+    raise Stopped(signum)
 
 
 def group_options() -> Dict[str, List[str]]:
@@ -110,7 +122,11 @@ def hydra_entry(prog: str, hydra_main: Callable[[], None], config_name: str = "c
     if problem:
         print(f"{prog}: error: {problem}", file=sys.stderr)
         sys.exit(2)
-    hydra_main()
+    try:
+        hydra_main()
+    except KeyboardInterrupt:
+        print(f"{prog}: error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        sys.exit(130)
 
 
 def main() -> None:

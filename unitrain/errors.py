@@ -19,6 +19,16 @@ class NothingLeftToRun(UnitrainError):
     exit_code = 0
 
 
+class Stopped(UnitrainError):
+    """The job was stopped by a signal (a closed terminal, ``timeout``, a scheduler's cancel)."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.exit_code = 128 + signum
+        super().__init__(f"stopped by {signal.Signals(signum).name}; nothing it started is left running")
+
+
 class UnknownNameError(UnitrainError, KeyError):
     """A name looked up in a registry that does not hold it."""
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import socket
@@ -22,11 +23,12 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import OmegaConf
 
+from unitrain import lifeline
 from unitrain.config import DistConfig, UnitrainConfig
 from unitrain.entry import worker
-from unitrain.errors import UnitrainError
+from unitrain.errors import NothingLeftToRun, UnitrainError
 from unitrain.registry import Registry
-from unitrain.threads import resolve_threads
+from unitrain.threads import available_cores, resolve_threads
 
 log = logging.getLogger("unitrain")
 
@@ -62,7 +64,7 @@ class Launcher(ABC):
     def options(self, dist: DistConfig, run_dir: Path) -> List[str]: ...
 
     def command(self, dist: DistConfig, run_dir: Path, config_file: Path) -> List[str]:
-        worker_args = ["--config", str(config_file), "--run-dir", str(run_dir)]
+        worker_args = ["--config", str(config_file), "--run-dir", str(run_dir), "--main-pid", str(os.getpid())]
         worker_args += ["--rank-env", self.rank_env, "--local-rank-env", self.local_rank_env]
         if not self.writes_workerlogs:
             worker_args.append("--workerlog")
@@ -99,10 +101,18 @@ LAUNCHERS.register("torch", TorchLauncher())
 
 
 class LogFollower:
-    """Echo the lines a worker appends to its log, as ``tail -f`` would."""
+    """Echo the lines a worker appends to its log, as ``tail -f`` would, but only unitrain's own:
+    the frameworks' start-up output (topology tables, flag dumps, warnings) stays in the file.
+
+    A unitrain record starts with ``[<time>][unitrain]`` (or ``unitrain:``) and may go on over
+    lines of its own (tables); a line that starts any other record ends it."""
+
+    OWN = re.compile(r"^(\[[0-9-]+ [0-9:,]+\]\[unitrain\]|unitrain(\.\w+)?: )")
+    FOREIGN = re.compile(r"^(\[?\d{4}-\d\d-\d\d[ ,]|[IWEF]\d{4} |\S+\.py:\d+: \w*Warning|LAUNCH|Traceback|\*\*\*)")
 
     def __init__(self, path: Path, prefix: str):
         self.path, self.prefix, self.offset, self.partial = path, prefix, 0, ""
+        self.echoing = False
 
     def pump(self) -> None:
         if not self.path.exists():
@@ -113,7 +123,12 @@ class LogFollower:
             self.offset = f.tell()
         *lines, self.partial = text.split("\n")
         for line in lines:
-            print(f"{self.prefix}{line}", flush=True)
+            if self.OWN.match(line):
+                self.echoing = True
+            elif self.FOREIGN.match(line):
+                self.echoing = False
+            if self.echoing:
+                print(f"{self.prefix}{line}", flush=True)
 
 
 def worker_statuses(run_dir: Path) -> List[Dict[str, Any]]:
@@ -174,11 +189,13 @@ def diagnose(run_dir: Path, launcher: Launcher, returncode: int) -> UnitrainErro
         return UnitrainError(user_errors.pop())  # every rank rejected the same setting
     # A worker still marked "running" ended without a word (killed by a signal, or crashed hard).
     # Ranks whose log says a peer went away died of another's death, not their own.
+    # A rank "terminated" was stopped by the launcher after another one failed.
     ended = [s for s in statuses if s["status"] in ("running", "failed")]
     causes = [s for s in ended if not _lost_a_peer(run_dir, s)]
     vanished = [s for s in causes if s["status"] == "running"]
     culprits = vanished or sorted(causes, key=lambda s: s.get("time", 0))[:1] or ended
     followers = [s["rank"] for s in ended if s not in culprits]
+    stopped = [s["rank"] for s in statuses if s["status"] == "terminated"]
     if not culprits:
         return WorkerFailedError(
             f"{launcher.module} exited with code {returncode} before any worker reported; its output:\n{_tail(run_dir / 'launcher.log')}"
@@ -189,6 +206,8 @@ def diagnose(run_dir: Path, launcher: Launcher, returncode: int) -> UnitrainErro
         lines.append(f"rank {s['rank']} {why}")
     if followers:
         lines.append(f"rank(s) {', '.join(map(str, followers))} then lost the connection to it")
+    if stopped:
+        lines.append(f"rank(s) {', '.join(map(str, stopped))} were then stopped by the launcher")
     worst = run_dir / f"workerlog.{culprits[0]['local_rank']}"
     return WorkerFailedError(f"{'; '.join(lines)}; {launcher.module} exited with code {returncode}\nlast lines of {worst}:\n{_tail(worst)}")
 
@@ -202,6 +221,14 @@ def write_worker_config(cfg: UnitrainConfig, run_dir: Path) -> Path:
     return config_file
 
 
+def _finished(run_dir: Path) -> Optional[Dict[str, Any]]:
+    """Rank 0's summary; a resume that found nothing left to run says so instead."""
+    left = [s["nothing_left"] for s in worker_statuses(run_dir) if s.get("nothing_left")]
+    if left:
+        raise NothingLeftToRun(left[0])
+    return _read_summary(run_dir)
+
+
 def _read_summary(run_dir: Path) -> Optional[Dict[str, Any]]:
     summary_file = run_dir / "summary.json"
     return json.loads(summary_file.read_text()) if summary_file.exists() else None
@@ -213,35 +240,82 @@ def run_isolated(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str,
     memory, threads and start-up are its own."""
     run_dir = Path(run_dir).resolve()
     config_file = write_worker_config(cfg, run_dir)
-    command = [sys.executable, str(WORKER_SCRIPT), "--config", str(config_file), "--run-dir", str(run_dir)]
+    command = [sys.executable, str(WORKER_SCRIPT), "--config", str(config_file), "--run-dir", str(run_dir), "--main-pid", str(os.getpid())]
     command += ["--rank-env", "RANK", "--local-rank-env", "LOCAL_RANK"]
-    returncode = subprocess.run(command).returncode  # output goes straight to this terminal
+    # Output goes straight to this terminal; the child dies with this process, however it ends.
+    proc = subprocess.Popen(command, preexec_fn=lifeline.die_with_parent)
+    try:
+        returncode = proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     if returncode != 0:
         failed = [s for s in worker_statuses(run_dir) if s["status"] == "failed" and s.get("user_error")]
         raise UnitrainError(failed[0]["error"]) if failed else WorkerFailedError(f"the training process exited with code {returncode}")
-    return _read_summary(run_dir)
+    return _finished(run_dir)
+
+
+def check_before_launch(cfg: UnitrainConfig) -> None:
+    """What would fail deep inside a launcher, said in one line before it starts."""
+    dist = cfg.dist
+    cores = available_cores()
+    if cfg.backend.device != "gpu" and dist.nproc_per_node > cores:
+        log.warning("dist.nproc_per_node=%d is more than the %d cores this process may use: the workers will compete for them", dist.nproc_per_node, cores)
+    if dist.master_port is None:
+        return
+    if cfg.backend.name == "paddle" and dist.nnodes == 1:
+        log.warning("dist.master_port=%d is not used: on one node paddle.distributed.launch chooses its own free port", dist.master_port)
+        return
+    if dist.node_rank == 0:
+        with socket.socket() as s:
+            try:
+                s.bind(("" if dist.nnodes > 1 else dist.master_addr, dist.master_port))
+            except OSError as err:
+                raise UnitrainError(
+                    f"dist.master_port={dist.master_port} is not allowed: it is in use on this machine ({err.strerror}); "
+                    "pick a free port, or leave it unset on one node"
+                ) from None
 
 
 def launch(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]:
     """Run ``cfg`` data-parallel; returns rank 0's summary (None on nodes other than node 0)."""
     run_dir = Path(run_dir).resolve()
     launcher = LAUNCHERS.get(cfg.backend.name)
+    check_before_launch(cfg)
     config_file = write_worker_config(cfg, run_dir)
 
     command = launcher.command(cfg.dist, run_dir, config_file)
     log.info("launching %d worker(s) on this node: %s", cfg.dist.nproc_per_node, shlex.join(command))
     # This node's first worker: rank 0 of the job on node 0.
     follower = LogFollower(run_dir / "workerlog.0", f"[rank {cfg.dist.node_rank * cfg.dist.nproc_per_node}] ")
+    waiting = cfg.dist.nnodes > 1
+    if waiting:
+        log.info("waiting up to %gs (dist.timeout_s) for all %d nodes to join at %s:%s", cfg.dist.timeout_s, cfg.dist.nnodes,
+                 cfg.dist.master_addr, cfg.dist.master_port)  # fmt: skip
+    started = time.monotonic()
     with open(run_dir / "launcher.log", "w") as launcher_log:
-        # A session of its own, so that the whole tree can be ended whatever happens here.
-        proc = subprocess.Popen(command, stdout=launcher_log, stderr=subprocess.STDOUT, start_new_session=True)
+        # A session of its own, so that the whole tree can be ended whatever happens here; the
+        # parent-death signal ends the launcher even when this process is killed outright.
+        proc = subprocess.Popen(
+            command, stdout=launcher_log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=lifeline.die_with_parent
+        )  # fmt: skip
         try:
             while proc.poll() is None:
                 follower.pump()
+                # Both launchers rendezvous before they start any worker: no worker status
+                # yet means some node has not joined.
+                if waiting and worker_statuses(run_dir):
+                    waiting = False
+                elif waiting and time.monotonic() - started > cfg.dist.timeout_s:
+                    raise UnitrainError(
+                        f"dist.nnodes={cfg.dist.nnodes}: the other node(s) did not join at {cfg.dist.master_addr}:{cfg.dist.master_port} "
+                        f"within dist.timeout_s={cfg.dist.timeout_s:g}s; start the same command on every node (dist.node_rank=0..{cfg.dist.nnodes - 1})"
+                    )
                 time.sleep(0.2)
             follower.pump()
         finally:
             stop_everything(proc, run_dir)
     if proc.returncode != 0:
         raise diagnose(run_dir, launcher, proc.returncode)
-    return _read_summary(run_dir)
+    return _finished(run_dir)

@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--rank-env", required=True, help="the variable the launcher sets to this worker's global rank")
     parser.add_argument("--local-rank-env", required=True, help="the variable the launcher sets to its rank on this node")
+    parser.add_argument("--main-pid", type=int, help="the unitrain process this job belongs to: the worker ends when it is gone")
     parser.add_argument("--workerlog", action="store_true", help="send this process's output to <run-dir>/workerlog.<local rank>")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
@@ -52,15 +53,42 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     status(status="running")
 
+    from unitrain import lifeline
+
+    # The kernel ends this worker with its parent (the launcher, or the main process), and the
+    # watchdog with the main process, however either ends.
+    lifeline.die_with_parent()
+    if args.main_pid:
+        main_started = lifeline.start_time(args.main_pid)
+
+        def on_main_gone() -> None:
+            status(status="terminated", error="the unitrain main process ended")
+            os._exit(128 + signal.SIGKILL)
+
+        if main_started is None:
+            on_main_gone()
+        lifeline.watch(args.main_pid, main_started, on_main_gone)
+
     from omegaconf import OmegaConf
 
+    from unitrain.backend import get_backend
     from unitrain.config import UnitrainConfig
-    from unitrain.errors import UnitrainError
+    from unitrain.errors import NothingLeftToRun, UnitrainError
+    from unitrain.threads import export_threads, resolve_threads
     from unitrain.trainer import train
 
     try:
         cfg = OmegaConf.merge(OmegaConf.structured(UnitrainConfig), OmegaConf.load(args.config))
+        export_threads(resolve_threads(cfg.trainer.threads, cfg.dist.nproc_per_node))
+        get_backend(cfg.backend.name)
+        # Importing paddle installs its own C++ SIGTERM handler, which dumps a stack and never
+        # records that the launcher stopped this rank: take the signal back.
+        signal.signal(signal.SIGTERM, on_sigterm)
         train(cfg, run_dir)
+    except NothingLeftToRun as err:
+        print(f"unitrain: {err}", flush=True)
+        status(status="done", nothing_left=str(err))
+        return 0
     except UnitrainError as err:
         print(f"unitrain: error: {err}", file=sys.stderr, flush=True)
         status(status="failed", error=str(err), user_error=True)
