@@ -124,3 +124,9 @@ def test_missing_framework_names_the_extra(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path).stdout
     assert "backend 'paddle' needs the 'paddle' framework, which is not installed" in out
     assert "pip install 'unitrain[paddle]'" in out
+
+
+def test_out_of_memory_is_one_line(unitrain_cli):
+    result = unitrain_cli(*FAST, "data.image_size=100000", "trainer.steps=2")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1].startswith("unitrain: error: out of memory (data.image_size=100000")

@@ -40,6 +40,11 @@ class AugmentedDataset:
     def __len__(self) -> int:
         return len(self.dataset)
 
+    def __getattr__(self, name):  # the wrapped set's samples, decode_error, skipped...
+        if name == "dataset":  # not set yet while unpickling in a loader worker
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
     def __getitem__(self, key: int):
         epoch, index = divmod(int(key), len(self.dataset))
         image, label = self.dataset[index]

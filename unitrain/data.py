@@ -6,9 +6,10 @@ index gives the same image in any process, worker or framework.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
-from typing import Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -73,12 +74,29 @@ class LearnableDataset(SyntheticDataset):
         return noise + self.signal * self.templates[label], np.int64(label)
 
 
-class ImageFolderDataset:
-    """A directory with one sub-directory of images per class, decoded and resized with Pillow."""
+class BadImageError(ConfigError):
+    """An image file that cannot be decoded."""
 
-    def __init__(self, path: str, image_size: int = 224):
+    def __init__(self, file: str, reason: str):
+        super().__init__("data.path", file, f"a decodable image; this one fails: {reason}; remove it or set data.skip_bad_files=true")
+
+
+class ImageFolderDataset:
+    """A directory with one sub-directory of images per class, decoded and resized with Pillow.
+
+    A file that does not decode never raises inside the frameworks' loaders (Paddle's reader
+    thread dies and its main process waits forever; torch's worker processes wrap the error in
+    pages of traceback): it comes out as a zero image with the label ``-1 - index``, and
+    :class:`BadSampleGuard` turns that into one line naming the file, in the main process.
+    With ``skip_bad_files`` every file is decoded once up front and the bad ones are left out,
+    so that the sample order is the same in every process and on both frameworks."""
+
+    #: Loaders over this dataset need a BadSampleGuard.
+    may_yield_bad_samples = True
+
+    def __init__(self, path: str, image_size: int = 224, skip_bad_files: bool = False, key: str = "data.path"):
         if not os.path.isdir(path):
-            raise ConfigError("data.path", path, "an existing directory of class sub-directories")
+            raise ConfigError(key, path, "an existing directory of class sub-directories")
         self.path, self.image_size = path, image_size
         self.classes = sorted(e.name for e in os.scandir(path) if e.is_dir())
         self.samples = [
@@ -89,8 +107,21 @@ class ImageFolderDataset:
         ]
         if not self.samples:
             raise ConfigError(
-                "data.path", path, f"a directory whose class sub-directories hold images ({', '.join(IMAGE_EXTENSIONS)}); none found"
+                key, path, f"a directory whose class sub-directories hold images ({', '.join(IMAGE_EXTENSIONS)}); none found"
             )
+        if len(self.classes) < 2:
+            raise ConfigError(key, path, f"at least 2 class sub-directories (a classifier needs two classes); it has {len(self.classes)}")
+        self.skipped: List[str] = []
+        if skip_bad_files:
+            good = [(f, label) for f, label in self.samples if self.decode_error(f) is None]
+            self.skipped = sorted({f for f, _ in self.samples} - {f for f, _ in good})
+            self.samples = good
+            if self.skipped:
+                logging.getLogger("unitrain").warning(
+                    "data.skip_bad_files: left out %d file(s) that do not decode, e.g. %s", len(self.skipped), self.skipped[0]
+                )
+            if not self.samples:
+                raise ConfigError(key, path, "at least one image that decodes; none does")
 
     @property
     def num_classes(self) -> int:
@@ -99,14 +130,57 @@ class ImageFolderDataset:
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> Sample:
+    def _load(self, file: str) -> np.ndarray:
         from PIL import Image
 
-        file, label = self.samples[index]
         with Image.open(file) as img:
             img = img.convert("RGB").resize((self.image_size, self.image_size), Image.BILINEAR)
-            array = np.asarray(img, dtype=np.float32).transpose(2, 0, 1) / 255.0
+            return np.asarray(img, dtype=np.float32).transpose(2, 0, 1) / 255.0
+
+    def decode_error(self, file: str) -> Optional[str]:
+        """Why ``file`` does not decode, or None when it does."""
+        try:
+            self._load(file)
+        except (OSError, ValueError, SyntaxError) as err:  # PIL's UnidentifiedImageError is an OSError
+            return f"{type(err).__name__}: {err}"
+        return None
+
+    def __getitem__(self, index: int) -> Sample:
+        file, label = self.samples[index]
+        try:
+            array = self._load(file)
+        except (OSError, ValueError, SyntaxError):
+            return np.zeros((3, self.image_size, self.image_size), np.float32), np.int64(-1 - index)
         return (array - IMAGENET_MEAN) / IMAGENET_STD, np.int64(label)
+
+
+class BadSampleGuard:
+    """A framework loader over a dataset that marks undecodable samples with a negative label:
+    the first such batch ends the run with one line naming the file."""
+
+    def __init__(self, loader, dataset, to_numpy):
+        self.loader, self.dataset, self.to_numpy = loader, dataset, to_numpy
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def __iter__(self):
+        for images, labels in self.loader:
+            values = self.to_numpy(labels).reshape(-1)
+            if values.min() < 0:
+                index = int(-1 - values[values < 0][0])
+                file = self.dataset.samples[index][0]
+                raise BadImageError(file, self.dataset.decode_error(file) or "it did not decode in a loader worker")
+            yield images, labels
+
+
+def guard(loader, dataset, backend):
+    """``loader`` as is, or wrapped in a BadSampleGuard when ``dataset`` may yield bad samples."""
+    return BadSampleGuard(loader, dataset, backend.to_numpy) if getattr(dataset, "may_yield_bad_samples", False) else loader
+
+
+def skipped_files(dataset) -> List[str]:
+    return list(getattr(dataset, "skipped", []))
 
 
 DATASETS: Registry[type] = Registry("dataset")
@@ -120,7 +194,7 @@ def build_dataset(cfg, default_size: int, seed: int):
     """The dataset a DataConfig describes; synthetic sets get ``default_size`` samples unless set."""
     cls = DATASETS.get(cfg.name)
     if cls is ImageFolderDataset:
-        return ImageFolderDataset(cfg.path, cfg.image_size)
+        return ImageFolderDataset(cfg.path, cfg.image_size, cfg.skip_bad_files)
     if cls is FashionMNISTDataset:
         return FashionMNISTDataset(cfg.path, "train", cfg.image_size, cfg.num_samples)
     return cls(cfg.num_samples or default_size, cfg.image_size, cfg.num_classes, seed, cfg.sample_delay_s)
@@ -136,8 +210,8 @@ def build_heldout_dataset(cfg, seed: int):
     if cls is ImageFolderDataset:
         if not cfg.val_path:
             return None
-        train_classes = ImageFolderDataset(cfg.path, cfg.image_size).classes
-        held_out = ImageFolderDataset(cfg.val_path, cfg.image_size)
+        train_classes = sorted(e.name for e in os.scandir(cfg.path) if e.is_dir())
+        held_out = ImageFolderDataset(cfg.val_path, cfg.image_size, cfg.skip_bad_files, key="data.val_path")
         if held_out.classes != train_classes:
             raise ConfigError("data.val_path", cfg.val_path, f"a directory with the same class sub-directories as data.path ({', '.join(train_classes)})")
         return held_out

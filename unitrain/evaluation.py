@@ -16,6 +16,7 @@ from typing import Dict, Iterator, List
 import numpy as np
 
 from unitrain.backend import Backend, capability
+from unitrain.data import guard
 
 
 class HeldOutBatches:
@@ -54,7 +55,7 @@ class Evaluator:
     def __init__(self, backend: Backend, dataset, dist, batch_size: int, num_workers: int = 0):
         self.backend, self.dataset, self.dist = backend, dataset, dist
         self.batches = HeldOutBatches(len(dataset), batch_size, dist.world_size, dist.rank)
-        self.loader = backend.make_loader(dataset, self.batches, num_workers, dist.device)
+        self.loader = guard(backend.make_loader(dataset, self.batches, num_workers, dist.device), dataset, backend)
         self.inference = capability(backend, "evaluation").inference
 
     def __call__(self, model, precision) -> Dict[str, float]:

@@ -23,7 +23,7 @@ from unitrain.checkpoint import (
     checkpoint_run_dir, clean_partial_checkpoints, find_checkpoint, load_checkpoint, prune_checkpoints, save_checkpoint,
 )  # fmt: skip
 from unitrain.config import UnitrainConfig
-from unitrain.data import build_dataset, build_heldout_dataset
+from unitrain.data import build_dataset, build_heldout_dataset, guard, skipped_files
 from unitrain.evaluation import Evaluator
 from unitrain.errors import ConfigError, NothingLeftToRun
 from unitrain.loggers import make_sinks
@@ -127,7 +127,7 @@ class Trainer:
         wrapped_model, wrapped_optimizer = dist.wrap_model(model), dist.wrap_optimizer(optimizer)
         if cfg.data.augment != "none":
             dataset, sampler = AugmentedDataset(dataset, cfg.trainer.seed, cfg.data.augment), EpochKeyedBatches(sampler, len(dataset))
-        loader = backend.make_loader(dataset, sampler, cfg.data.num_workers, dist.device)
+        loader = guard(backend.make_loader(dataset, sampler, cfg.data.num_workers, dist.device), dataset, backend)
         return Job(
             dist, precision, plan, dataset, sampler, loader, wrapped_model, wrapped_optimizer, model, optimizer,
             steps_per_epoch, total_steps, num_classes, start_step, history, evaluator,
@@ -239,12 +239,20 @@ class Trainer:
             loop_started_at=loop_started_at,  # wall clock, for start-up time measurements
             memory=self._peak_memory(dist),
             cpu=machine.cpu(),
+            data_skipped_files=self._skipped(job),
             eval=self._eval_summary(evaluations),
         )
         if dist.is_main_process:
             log.info("\n%s", profiler.format_summary())
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
+
+    @staticmethod
+    def _skipped(job: "Job") -> Dict[str, Any] | None:
+        """Files data.skip_bad_files left out (training and held-out sets), for the record."""
+        data = getattr(job.dataset, "dataset", job.dataset)  # under augmentation, the wrapped set
+        files = skipped_files(data) + (skipped_files(job.evaluator.dataset) if job.evaluator else [])
+        return {"count": len(files), "files": files[:20]} if files else None
 
     @staticmethod
     def _eval_summary(evaluations: List[Dict[str, Any]]) -> Dict[str, Any] | None:
