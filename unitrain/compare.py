@@ -36,6 +36,7 @@ class Run:
     metrics: List[Dict[str, float]]
     config: Dict[str, Any]
     swept: List[str] = field(default_factory=list)
+    evals: List[Dict[str, float]] = field(default_factory=list)  # held-out evaluations, in order
 
     @property
     def label(self) -> str:
@@ -88,25 +89,67 @@ def _swept_keys(run_dir: Path) -> List[str]:
     return []
 
 
-def load_runs(dirs: Sequence[str | Path]) -> List[Run]:
-    """Every run in the given run, multirun or repeat directories, each once."""
+#: What a summary.json must hold to be compared (a run killed before its end has none of it).
+REQUIRED = ("backend", "framework", "version", "device", "threads", "seed", "world_size", "global_batch_size", "precision", "profiler")
+FOOTNOTE = (
+    "samples/s: median over steps after warm-up (or over repeats); final loss/top-1: mean of the last 10 training steps "
+    "(not the last step's value); held-out: the last evaluation on data the model did not train on."
+)
+
+
+class UnusableRun(ValueError):
+    """A run directory whose results cannot be compared; the report goes on without it."""
+
+
+def _read_run(summary_file: Path) -> Run:
+    run_dir = summary_file.parent.resolve()
+    try:
+        summary = json.loads(summary_file.read_text())
+    except ValueError as err:
+        raise UnusableRun(f"not valid JSON ({err})") from None
+    if not isinstance(summary, dict):
+        raise UnusableRun("not a JSON object")
+    missing = [k for k in REQUIRED if k not in summary]
+    if missing:
+        raise UnusableRun(f"incomplete: no {', '.join(missing)}")
+    records = []
+    metrics_file = run_dir / "metrics.jsonl"
+    if metrics_file.exists():
+        for number, line in enumerate(metrics_file.read_text().splitlines(), 1):
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                raise UnusableRun(f"{metrics_file.name} line {number} is not valid JSON") from None
+    steps = [r for r in records if "loss" in r and "ips" in r]
+    if not steps:
+        raise UnusableRun("it recorded no training step")
+    hydra = _hydra_dir(run_dir)
+    return Run(
+        dir=run_dir,
+        summary=summary,
+        metrics=steps,
+        config=(yaml.safe_load((hydra / "config.yaml").read_text()) or {}) if hydra else {},
+        swept=_swept_keys(run_dir),
+        evals=[r for r in records if "val_top1" in r],
+    )
+
+
+def load_runs(dirs: Sequence[str | Path], warn=None) -> List[Run]:
+    """Every run in the given run, multirun or repeat directories, each once. A run whose
+    results are garbled or incomplete is skipped with a one-line warning naming its file."""
+    warn = warn or (lambda text: print(text, file=sys.stderr, flush=True))
     found: Dict[Path, Run] = {}
     for d in map(Path, dirs):
         files = [d / "summary.json"] if (d / "summary.json").exists() else sorted(d.rglob("summary.json"))
         if not files:
             raise FileNotFoundError(f"no summary.json in {d} or below it: not a unitrain run or multirun directory")
         for f in files:
-            run_dir = f.parent.resolve()
-            hydra = _hydra_dir(run_dir)
-            metrics_file = run_dir / "metrics.jsonl"
-            found[run_dir] = Run(
-                dir=run_dir,
-                summary=json.loads(f.read_text()),
-                # Training steps only: held-out evaluations are lines of their own (val_loss...).
-                metrics=[r for r in (json.loads(line) for line in metrics_file.read_text().splitlines()) if "loss" in r] if metrics_file.exists() else [],
-                config=yaml.safe_load((hydra / "config.yaml").read_text()) if hydra else {},
-                swept=_swept_keys(run_dir),
-            )
+            try:
+                found[f.parent.resolve()] = _read_run(f)
+            except (UnusableRun, OSError, yaml.YAMLError) as err:
+                warn(f"unitrain.compare: warning: skipping {f}: {err}")
+    if not found:
+        raise FileNotFoundError(f"no usable run in {', '.join(map(str, dirs))}: every summary.json found was skipped")
     return list(found.values())
 
 
@@ -142,6 +185,33 @@ def time_to_loss(run: Run, target: float) -> Optional[float]:
     return None
 
 
+def time_to_accuracy(run: Run, target: float) -> Optional[Dict[str, float]]:
+    """Wall time (training and evaluation, as MLPerf counts it) and steps until the held-out
+    top-1 first reached ``target``, or None."""
+    for record in run.evals:
+        if record["val_top1"] >= target:
+            return {"seconds": record["elapsed_s"], "step": record["step"]}
+    return None
+
+
+def _time_to_accuracy_cell(group: List[Run], target: float) -> str:
+    reached = [time_to_accuracy(r, target) for r in group]
+    hits = [r for r in reached if r is not None]
+    if not hits:
+        return "not reached" if any(r.evals for r in group) else "n/a (no held-out set)"
+    seconds, steps = [h["seconds"] for h in hits], [h["step"] for h in hits]
+    if len(group) == 1:
+        return f"{seconds[0]:.1f} s, step {steps[0]}"
+    missed = f"; not reached in {len(group) - len(hits)}" if len(hits) < len(group) else ""
+    return f"{statistics.median(seconds):.1f} s ({min(seconds):.1f}-{max(seconds):.1f}), step {statistics.median(steps):g} over {len(hits)} repeats{missed}"
+
+
+def _held_out(group: List[Run], key: str, fmt: str) -> str:
+    values = [(r.summary.get("eval") or {}).get(key) for r in group]
+    values = [v for v in values if v is not None]
+    return format(statistics.fmean(values), fmt) if values else "n/a"
+
+
 def fairness_warnings(runs: List[Run]) -> List[str]:
     """What differs between runs beyond the axes being compared."""
     if len(runs) < 2:
@@ -162,8 +232,11 @@ def fairness_warnings(runs: List[Run]) -> List[str]:
     return warnings
 
 
-def table_rows(groups: List[List[Run]], baseline: int = 0, target_loss: Optional[float] = None) -> List[Dict[str, str]]:
+def table_rows(
+    groups: List[List[Run]], baseline: int = 0, target_loss: Optional[float] = None, target_accuracy: Optional[float] = None
+) -> List[Dict[str, str]]:
     base = throughput(groups[baseline])
+    held_out = any(r.summary.get("eval") for g in groups for r in g)
     rows = []
     for i, group in enumerate(groups):
         s, t = group[0].summary, throughput(group)
@@ -186,7 +259,9 @@ def table_rows(groups: List[List[Run]], baseline: int = 0, target_loss: Optional
             "peak RSS MB": f"{max(memory):.0f}" if memory else "n/a",
             "final loss": _mean_of(finals, "loss", ".4f"),
             "final top-1": _mean_of(finals, "top1", ".3f"),
+            **({"held-out loss": _held_out(group, "val_loss", ".4f"), "held-out top-1": _held_out(group, "val_top1", ".4f")} if held_out else {}),
             **({"time to loss": ", ".join("not reached" if r is None else f"{r:.1f} s" for r in reached)} if target_loss is not None else {}),
+            **({f"time to top-1 {target_accuracy:g}": _time_to_accuracy_cell(group, target_accuracy)} if target_accuracy is not None else {}),
         })  # fmt: skip
     return rows
 
@@ -240,6 +315,21 @@ def plot(groups: List[List[Run]], out: Path) -> List[Path]:
     fig.tight_layout()
     files.append(_save(fig, out / "curves.png"))
 
+    if any(r.evals for g in groups for r in g):
+        fig, (ax_step, ax_time) = plt.subplots(1, 2, figsize=(11, 4))
+        for group in groups:
+            for j, run in enumerate(group):
+                if not run.evals:
+                    continue
+                style = {"label": run.label if j == 0 else None, "alpha": 1.0 if j == 0 else 0.5, "marker": "o", "markersize": 3}
+                line = ax_step.plot([r["step"] for r in run.evals], [r["val_top1"] for r in run.evals], **style)[0]
+                ax_time.plot([r["elapsed_s"] for r in run.evals], [r["val_top1"] for r in run.evals], color=line.get_color(), **style)
+        ax_step.set(title="held-out top-1 by step", xlabel="step", ylabel="held-out top-1")
+        ax_time.set(title="held-out top-1 by wall time (training + evaluation)", xlabel="seconds", ylabel="held-out top-1")
+        ax_step.legend(fontsize=8)
+        fig.tight_layout()
+        files.append(_save(fig, out / "held_out.png"))
+
     labels = [g[0].label for g in groups]
     t = [throughput(g) for g in groups]
     fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(groups)), 4))
@@ -280,7 +370,7 @@ def _html_table(rows: List[Dict[str, str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def write_html(path: Path, rows, env, warnings, images: List[Path]) -> None:
+def write_html(path: Path, rows, env, warnings, images: List[Path], note: str = FOOTNOTE) -> None:
     """One file with everything inlined (images as data URIs): opens in a browser, no server."""
     imgs = "".join(
         f'<figure><img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}"></figure>' for p in images
@@ -293,18 +383,21 @@ def write_html(path: Path, rows, env, warnings, images: List[Path]) -> None:
         ".warn{background:#fff4e5;border-left:4px solid #f0a020;padding:.5em 1em}img{max-width:100%}"
         "</style></head><body><h1>unitrain comparison</h1>"
         + (f"<div class='warn'><strong>Not a fair comparison:</strong><ul>{warn}</ul></div>" if warnings else "")
-        + "<h2>Results</h2>" + _html_table(rows) + "<h2>Plots</h2>" + imgs + "<h2>Environment</h2>" + _html_table(env)
+        + "<h2>Results</h2>" + _html_table(rows) + f"<p><small>{html.escape(note)}</small></p><h2>Plots</h2>" + imgs + "<h2>Environment</h2>" + _html_table(env)
         + "</body></html>",
         encoding="utf-8",
     )  # fmt: skip
 
 
-def table(dirs: Sequence[str | Path], baseline: int = 0, target_loss: Optional[float] = None) -> str:
+def table(dirs: Sequence[str | Path], baseline: int = 0, target_loss: Optional[float] = None, target_accuracy: Optional[float] = None) -> str:
     """The comparison table alone (no plots): what a single run prints at its end."""
-    return markdown(table_rows(group_repeats(load_runs(dirs)), baseline, target_loss))
+    return markdown(table_rows(group_repeats(load_runs(dirs)), baseline, target_loss, target_accuracy)) + "\n\n" + FOOTNOTE
 
 
-def write_report(dirs: Sequence[str | Path], out: str | Path | None = None, baseline: int = 0, target_loss: Optional[float] = None) -> str:
+def write_report(
+    dirs: Sequence[str | Path], out: str | Path | None = None, baseline: int = 0, target_loss: Optional[float] = None,
+    target_accuracy: Optional[float] = None,
+) -> str:
     """Write comparison.md, the plots and report.html into ``out``; return the Markdown."""
     runs = load_runs(dirs)
     out = Path(out or dirs[0])
@@ -312,10 +405,9 @@ def write_report(dirs: Sequence[str | Path], out: str | Path | None = None, base
     groups = group_repeats(runs)
     if not 0 <= baseline < len(groups):
         raise ValueError(f"--baseline {baseline} is out of range: there are {len(groups)} rows (0..{len(groups) - 1})")
-    rows, env, warnings = table_rows(groups, baseline, target_loss), environment(runs), fairness_warnings(runs)
+    rows, env, warnings = table_rows(groups, baseline, target_loss, target_accuracy), environment(runs), fairness_warnings(runs)
     images = plot(groups, out)
-    text = markdown(rows)
-    text += "\n\nsamples/s: median over steps after warm-up (or over repeats); final loss/top-1: mean of the last steps."
+    text = markdown(rows) + "\n\n" + FOOTNOTE
     if warnings:
         text += "\n\nWARNING: " + "\nWARNING: ".join(warnings)
     (out / "comparison.md").write_text(text + "\n\n## Environment\n\n" + markdown(env) + "\n")
@@ -329,9 +421,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", help="where to write the report (default: the first directory)")
     parser.add_argument("--baseline", type=int, default=0, help="row that ratios refer to (default 0)")
     parser.add_argument("--target-loss", type=float, help="also report the time each run took to reach this loss")
+    parser.add_argument(
+        "--target-accuracy", type=float, help="also report the wall time (training + evaluation) and steps until held-out top-1 first reached this"
+    )
     args = parser.parse_args(argv)
+    if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
+        print(f"unitrain.compare: error: --target-accuracy={args.target_accuracy} is not allowed: a fraction in (0, 1]", file=sys.stderr)
+        return 2
     try:
-        text = write_report(args.dirs, args.out, args.baseline, args.target_loss)
+        text = write_report(args.dirs, args.out, args.baseline, args.target_loss, args.target_accuracy)
     except (FileNotFoundError, ValueError) as err:
         print(f"unitrain.compare: error: {err}", file=sys.stderr)
         return 2
