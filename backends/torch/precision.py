@@ -192,7 +192,7 @@ class ApexMixedPrecision(TorchMixedPrecision):
     def decorate(self, model, optimizer):
         self.device_type = _device_type(model)
         if self.device_type != "cuda":
-            raise ConfigError("amp.impl", "apex", "native on cpu: Apex's amp runs on CUDA devices only")
+            raise ConfigError("amp.impl", "apex", "native on a CPU: Apex's amp needs a CUDA device (amp.initialize refuses CPU parameters)")
         model, optimizer = self.amp.initialize(model, optimizer, opt_level=self.level, loss_scale="dynamic" if loss_scaling_wanted(self.cfg) else 1.0)
         self._optimizer, self._effective = optimizer, f"{self.level} float16 (apex)"
         return model, optimizer
