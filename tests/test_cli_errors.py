@@ -130,3 +130,14 @@ def test_out_of_memory_is_one_line(unitrain_cli):
     result = unitrain_cli(*FAST, "data.image_size=100000", "trainer.steps=2")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("unitrain: error: out of memory (data.image_size=100000")
+
+
+@pytest.mark.slow
+def test_more_workers_than_cores_is_warned_in_one_line(unitrain_cli):
+    from unitrain.threads import available_cores
+
+    workers = available_cores() + 1
+    result = unitrain_cli(*FAST[:-2], "trainer.progress=false", "trainer.steps=2", "trainer.threads=1", f"dist.nproc_per_node={workers}")
+    assert result.returncode == 0, result.stderr[-2000:]
+    warnings = [x for x in (result.stdout + result.stderr).splitlines() if f"dist.nproc_per_node={workers} is more than the" in x]
+    assert len(warnings) == 1
