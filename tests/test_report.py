@@ -33,14 +33,15 @@ def test_slow_data_shows_in_reader_cost_and_loader_workers_hide_it(backend, tmp_
               "trainer.progress=false", "trainer.steps=12", "profiler.warmup_steps=3"]  # fmt: skip
     fast = run_unitrain(common, tmp_path / "fast")
     assert fast.returncode == 0, fast.stderr[-2000:]
-    # Making a batch takes 1.5 compute steps: slow enough to show even behind Paddle's
-    # single-process loader, which prefetches the next batch in a thread; two loader workers
-    # make one every 0.75 steps, which hides it. Sized from this machine's own step time,
-    # because machines here differ (a fixed delay was hidden on a slower one).
+    # Making a batch takes 3 compute steps: slow enough to show even behind Paddle's
+    # single-process loader, which prefetches batches in a thread, and on a busy machine; four
+    # loader workers (which only sleep, so they need no cores) make one every 0.75 steps, which
+    # hides it. Sized from this machine's own step time, because machines here differ (a fixed
+    # delay was hidden on a slower one, and 1.5 steps on a loaded one).
     compute = fast.summary()["profiler"]["batch_cost"]["median"]
-    slow_data = f"data.sample_delay_s={1.5 * compute / 16:.5f}"
+    slow_data = f"data.sample_delay_s={3 * compute / 16:.5f}"
     slow = run_unitrain([*common, slow_data], tmp_path / "slow")
-    workers = run_unitrain([*common, slow_data, "data.num_workers=2"], tmp_path / "workers")
+    workers = run_unitrain([*common, slow_data, "data.num_workers=4"], tmp_path / "workers")
     for r in (fast, slow, workers):
         assert r.returncode == 0, r.stderr[-2000:]
     reader = {name: r.summary()["profiler"] for name, r in (("fast", fast), ("slow", slow), ("workers", workers))}
