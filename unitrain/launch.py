@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import re
 import shlex
@@ -35,6 +36,11 @@ log = logging.getLogger("unitrain")
 WORKER_SCRIPT = Path(worker.__file__).resolve()
 LOG_TAIL_LINES = 20
 STOP_GRACE_S = 5.0
+# How often the main process looks at the launcher and its workers.
+DEATH_POLL_S = 0.2
+# How long past dist.timeout_s the main process waits for a launcher that times out the
+# rendezvous itself (torchrun): its own start-up (imports) comes before its clock starts.
+RENDEZVOUS_GRACE_S = 30.0
 # What gloo writes when a peer disappears: a rank whose log ends so died of another's death.
 PEER_LOSS_MARKERS = (
     "Connection reset by peer", "Connection closed by peer", "Broken pipe", "IoException",
@@ -54,6 +60,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def port_in_use(port: int) -> Optional[str]:
+    """Why ``port`` cannot be listened on, or None. Binds as the rendezvous stores do (every
+    address, SO_REUSEADDR), so that a port another address holds counts and one in TIME_WAIT does not."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError as err:
+            return err.strerror or str(err)
+    return None
+
+
+def busy_port_error(port: int, why: str = "address already in use") -> UnitrainError:
+    return UnitrainError(f"dist.master_port={port} is not allowed: it is in use on this machine ({why}); pick a free port, or leave it unset on one node")
+
+
+def not_joined_error(dist: DistConfig) -> UnitrainError:
+    return UnitrainError(
+        f"dist.nnodes={dist.nnodes}: the other node(s) did not join at {dist.master_addr}:{dist.master_port} "
+        f"within dist.timeout_s={dist.timeout_s:g}s; start the same command on every node (dist.node_rank=0..{dist.nnodes - 1})"
+    )
+
+
+def dies_with_this_process():
+    """A ``preexec_fn``: the child gets SIGKILL when this process ends, however it ends. (The
+    kernel sends it when the *thread* that started the child ends: start it from one that
+    lives as long as the job, as the main thread does here.)"""
+    parent = os.getpid()
+
+    def preexec() -> None:
+        lifeline.die_with_parent()
+        # This process may have died between fork and prctl: then no signal would ever come.
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
 class Launcher(ABC):
     #: Run as ``python -m <module>``.
     module: str
@@ -62,12 +106,19 @@ class Launcher(ABC):
     local_rank_env: str
     #: Whether the launcher itself writes <run_dir>/workerlog.<rank>.
     writes_workerlogs: bool
+    #: Whether the launcher gives up on a rendezvous after dist.timeout_s by itself.
+    times_out_rendezvous: bool
 
     @abstractmethod
     def options(self, dist: DistConfig, run_dir: Path) -> List[str]: ...
 
+    def known_failure(self, dist: DistConfig, launcher_log: str, worker_logs: List[str], started: bool) -> Optional[UnitrainError]:
+        """A failure of the launcher's own (rendezvous, port) said in one line, or None. ``started``:
+        whether any worker reported (the launcher's rendezvous comes before its first worker)."""
+        return None
+
     def command(self, dist: DistConfig, run_dir: Path, config_file: Path) -> List[str]:
-        worker_args = ["--config", str(config_file), "--run-dir", str(run_dir), "--main-pid", str(os.getpid())]
+        worker_args = ["--config", str(config_file), "--run-dir", str(run_dir)] + main_process_args()
         worker_args += ["--rank-env", self.rank_env, "--local-rank-env", self.local_rank_env]
         if not self.writes_workerlogs:
             worker_args.append("--workerlog")
@@ -77,6 +128,9 @@ class Launcher(ABC):
 class PaddleLauncher(Launcher):
     module, writes_workerlogs = "paddle.distributed.launch", True
     rank_env, local_rank_env = "PADDLE_TRAINER_ID", "PADDLE_LOCAL_RANK"
+    # Its HTTP master waits for the other nodes with no time limit (--elastic_timeout only
+    # applies to etcd:// masters): the main process keeps the clock.
+    times_out_rendezvous = False
 
     def options(self, dist: DistConfig, run_dir: Path) -> List[str]:
         # --max_restart 0: a failed worker ends the job (paddle's default restarts it 3 times).
@@ -84,18 +138,45 @@ class PaddleLauncher(Launcher):
         opts += ["--log_dir", str(run_dir), "--max_restart", "0"]
         if dist.nnodes > 1:
             opts += ["--master", f"{dist.master_addr}:{dist.master_port}", "--rank", str(dist.node_rank)]
+        elif dist.master_port is not None:
+            # On one node --master is never contacted and the workers' store takes a random
+            # port; with --ips and --start_port the store (PADDLE_MASTER) is <ips>:<start_port>.
+            opts += ["--ips", dist.master_addr, "--start_port", str(dist.master_port)]
         return opts
+
+    def known_failure(self, dist: DistConfig, launcher_log: str, worker_logs: List[str], started: bool) -> Optional[UnitrainError]:
+        # Rank 0 creates the store on the master port; a busy one aborts it in libuv.
+        if dist.node_rank == 0 and worker_logs and "TCPServer::create" in worker_logs[0]:
+            return busy_port_error(dist.master_port) if dist.master_port else UnitrainError(
+                "paddle's workers could not listen on the port paddle.distributed.launch chose; set a free dist.master_port"
+            )
+        return None
 
 
 class TorchLauncher(Launcher):
     module, writes_workerlogs = "torch.distributed.run", False
     rank_env, local_rank_env = "RANK", "LOCAL_RANK"
+    times_out_rendezvous = True
 
     def options(self, dist: DistConfig, run_dir: Path) -> List[str]:
         # A fresh port per job: sweeps run jobs back to back, and a port in TIME_WAIT would clash.
         port = dist.master_port or free_port()
         opts = ["--nproc_per_node", str(dist.nproc_per_node), "--nnodes", str(dist.nnodes), "--node_rank", str(dist.node_rank)]
-        return opts + ["--master_addr", dist.master_addr, "--master_port", str(port), "--max_restarts", "0"]
+        opts += ["--master_addr", dist.master_addr, "--master_port", str(port), "--max_restarts", "0"]
+        if dist.nnodes > 1:
+            # The static rendezvous (a TCPStore on node 0) waits this long for the other nodes,
+            # node 0 for clients, the others to connect; it takes whole seconds (default 600).
+            opts += ["--rdzv-conf", f"timeout={math.ceil(dist.timeout_s)}"]
+        return opts
+
+    def known_failure(self, dist: DistConfig, launcher_log: str, worker_logs: List[str], started: bool) -> Optional[UnitrainError]:
+        if started:
+            return None
+        if "EADDRINUSE" in launcher_log:
+            return busy_port_error(dist.master_port) if dist.master_port else None
+        if dist.nnodes > 1 and ("waiting for clients" in launcher_log or "client socket has timed out" in launcher_log):
+            return not_joined_error(dist)
+        return None
 
 
 LAUNCHERS: Registry[Launcher] = Registry("launcher")
@@ -139,20 +220,70 @@ def worker_statuses(run_dir: Path) -> List[Dict[str, Any]]:
     return sorted((json.loads(f.read_text()) for f in folder.glob("rank*.json")), key=lambda s: s["rank"]) if folder.exists() else []
 
 
-def _alive(pid: int) -> bool:
+def main_process_args() -> List[str]:
+    """Who the workers watch: this process, by pid and start time (a pid can be reused)."""
+    return ["--main-pid", str(os.getpid()), "--main-start", lifeline.start_time(os.getpid()) or ""]
+
+
+def _children(pid: int) -> List[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return found
+
+
+def _job_processes(proc: subprocess.Popen, run_dir: Path) -> Dict[int, str]:
+    """pid -> start time of every process of the job still there: the launcher's descendants
+    (both launchers start each worker in a session of its own, out of reach of killpg) and the
+    workers still marked running (reparented to init if the launcher is gone already)."""
+    found: Dict[int, Optional[str]] = {}
+    todo = [proc.pid]
+    while todo:
+        for child in _children(todo.pop()):
+            if child not in found:
+                found[child] = lifeline.start_time(child)
+                todo.append(child)
+    for s in worker_statuses(run_dir):
+        start = lifeline.start_time(s["pid"])
+        if s["status"] == "running" and start is not None and s.get("start", start) == start:
+            found[s["pid"]] = start
+    return {pid: start for pid, start in found.items() if start is not None}
+
+
+def _still_there(pids: Dict[int, str]) -> Dict[int, str]:
+    return {pid: start for pid, start in pids.items() if lifeline.start_time(pid) == start and not _zombie(pid)}
+
+
+def _zombie(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
         return True
-    return True
+
+
+def exited(proc: subprocess.Popen) -> bool:
+    """Whether the launcher has exited, without reaping it: while it is a zombie its pid, which
+    is also its process group's id, cannot be given to another process."""
+    if proc.returncode is not None:
+        return True
+    try:
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
 
 
 def stop_everything(proc: subprocess.Popen, run_dir: Path) -> None:
-    """End the launcher's process group and every worker still marked running: no orphans."""
+    """End the launcher's process group, its descendants and every worker still marked running,
+    then reap the launcher: no orphans. A pid is signalled only while its start time is the one
+    seen, never a reused one."""
+    pids: Dict[int, str] = {}
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        pids = [s["pid"] for s in worker_statuses(run_dir) if s["status"] == "running" and _alive(s["pid"])]
+        # Looked up again before SIGKILL (a worker may have started meanwhile), keeping those seen
+        # before: SIGTERM may already have ended the launcher and orphaned them.
+        pids = _still_there({**pids, **_job_processes(proc, run_dir)})
         try:
             os.killpg(proc.pid, sig)
         except ProcessLookupError:
@@ -163,10 +294,10 @@ def stop_everything(proc: subprocess.Popen, run_dir: Path) -> None:
             except ProcessLookupError:
                 pass
         deadline = time.monotonic() + STOP_GRACE_S
-        while time.monotonic() < deadline and (proc.poll() is None or any(_alive(p) for p in pids)):
+        while time.monotonic() < deadline and (not exited(proc) or _still_there(pids)):
             time.sleep(0.05)
-        if proc.poll() is not None and not any(_alive(p) for p in pids):
-            return
+        if exited(proc) and not _still_there(pids):
+            break
     proc.wait()
 
 
@@ -184,9 +315,34 @@ def _lost_a_peer(run_dir: Path, status: Dict[str, Any]) -> bool:
     return any(marker in text for marker in PEER_LOSS_MARKERS)
 
 
-def diagnose(run_dir: Path, launcher: Launcher, returncode: int) -> UnitrainError:
+class DeathWatch:
+    """When each worker still marked running was first seen gone, polled from the main process:
+    of two ranks that both ended without a word, the first to go brought the job down, the
+    other was stopped after it (by the launcher, whose SIGTERM a rank blocked in a collective
+    cannot act on)."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir, self.gone = run_dir, {}  # rank -> time.monotonic() when first seen gone
+
+    def poll(self) -> None:
+        for s in worker_statuses(self.run_dir):
+            if s["status"] == "running" and s["rank"] not in self.gone:
+                start = lifeline.start_time(s["pid"])
+                if start is None or s.get("start", start) != start or _zombie(s["pid"]):
+                    self.gone[s["rank"]] = time.monotonic()
+
+
+def diagnose(
+    run_dir: Path, launcher: Launcher, returncode: int, dist: Optional[DistConfig] = None, gone: Optional[Dict[int, float]] = None
+) -> UnitrainError:
     """Name the rank that brought the job down, with the tail of its log."""
     statuses = worker_statuses(run_dir)
+    if dist is not None:
+        read = lambda p: p.read_text(encoding="utf-8", errors="replace") if p.exists() else ""  # noqa: E731
+        worker_logs = [read(run_dir / f"workerlog.{i}") for i in range(dist.nproc_per_node)]
+        known = launcher.known_failure(dist, read(run_dir / "launcher.log"), worker_logs, bool(statuses))
+        if known is not None:
+            return known
     failed = sorted((s for s in statuses if s["status"] == "failed"), key=lambda s: s["time"])
     user_errors = {s["error"] for s in failed if s.get("user_error")}
     if len(user_errors) == 1 and len(failed) == len(statuses):
@@ -197,8 +353,15 @@ def diagnose(run_dir: Path, launcher: Launcher, returncode: int) -> UnitrainErro
     ended = [s for s in statuses if s["status"] in ("running", "failed")]
     causes = [s for s in ended if not _lost_a_peer(run_dir, s)]
     vanished = [s for s in causes if s["status"] == "running"]
+    gone = gone or {}
+    after = []
+    if len(vanished) > 1 and all(s["rank"] in gone for s in vanished):
+        # Seen gone in different polls: the later ones died of the first one's death.
+        first = min(gone[s["rank"]] for s in vanished)
+        after = [s for s in vanished if gone[s["rank"]] > first + 2 * DEATH_POLL_S]
+        vanished = [s for s in vanished if s not in after]
     culprits = vanished or sorted(causes, key=lambda s: s.get("time", 0))[:1] or ended
-    followers = [s["rank"] for s in ended if s not in culprits]
+    followers = [s["rank"] for s in ended if s not in culprits and s not in after]
     stopped = [s["rank"] for s in statuses if s["status"] == "terminated"]
     if not culprits:
         return WorkerFailedError(
@@ -212,6 +375,8 @@ def diagnose(run_dir: Path, launcher: Launcher, returncode: int) -> UnitrainErro
         lines.append(f"rank(s) {', '.join(map(str, followers))} then lost the connection to it")
     if stopped:
         lines.append(f"rank(s) {', '.join(map(str, stopped))} were then stopped by the launcher")
+    if after:
+        lines.append(f"rank(s) {', '.join(str(s['rank']) for s in after)} ended after it (the launcher stops the others when one fails)")
     worst = run_dir / f"workerlog.{culprits[0]['local_rank']}"
     return WorkerFailedError(f"{'; '.join(lines)}; {launcher.module} exited with code {returncode}\nlast lines of {worst}:\n{_tail(worst)}")
 
@@ -244,10 +409,10 @@ def run_isolated(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str,
     memory, threads and start-up are its own."""
     run_dir = Path(run_dir).resolve()
     config_file = write_worker_config(cfg, run_dir)
-    command = [sys.executable, str(WORKER_SCRIPT), "--config", str(config_file), "--run-dir", str(run_dir), "--main-pid", str(os.getpid())]
+    command = [sys.executable, str(WORKER_SCRIPT), "--config", str(config_file), "--run-dir", str(run_dir), *main_process_args()]
     command += ["--rank-env", "RANK", "--local-rank-env", "LOCAL_RANK"]
     # Output goes straight to this terminal; the child dies with this process, however it ends.
-    proc = subprocess.Popen(command, preexec_fn=lifeline.die_with_parent)
+    proc = subprocess.Popen(command, preexec_fn=dies_with_this_process())
     try:
         returncode = proc.wait()
     finally:
@@ -266,20 +431,12 @@ def check_before_launch(cfg: UnitrainConfig) -> None:
     cores = available_cores()
     if cfg.backend.device != "gpu" and dist.nproc_per_node > cores:
         log.warning("dist.nproc_per_node=%d is more than the %d cores this process may use: the workers will compete for them", dist.nproc_per_node, cores)
-    if dist.master_port is None:
-        return
-    if cfg.backend.name == "paddle" and dist.nnodes == 1:
-        log.warning("dist.master_port=%d is not used: on one node paddle.distributed.launch chooses its own free port", dist.master_port)
-        return
-    if dist.node_rank == 0:
-        with socket.socket() as s:
-            try:
-                s.bind(("" if dist.nnodes > 1 else dist.master_addr, dist.master_port))
-            except OSError as err:
-                raise UnitrainError(
-                    f"dist.master_port={dist.master_port} is not allowed: it is in use on this machine ({err.strerror}); "
-                    "pick a free port, or leave it unset on one node"
-                ) from None
+    # Node 0 listens on the master port (torchrun's store, Paddle's HTTP master or, on one
+    # node, its workers' store); the others only connect to it.
+    if dist.master_port is not None and dist.node_rank == 0:
+        why = port_in_use(dist.master_port)
+        if why:
+            raise busy_port_error(dist.master_port, why)
 
 
 def launch(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]:
@@ -297,29 +454,32 @@ def launch(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]
     if waiting:
         log.info("waiting up to %gs (dist.timeout_s) for all %d nodes to join at %s:%s", cfg.dist.timeout_s, cfg.dist.nnodes,
                  cfg.dist.master_addr, cfg.dist.master_port)  # fmt: skip
+    # A launcher that times out the rendezvous itself says why; this clock is the backstop.
+    patience = cfg.dist.timeout_s + (RENDEZVOUS_GRACE_S if launcher.times_out_rendezvous else 0.0)
     started = time.monotonic()
+    deaths = DeathWatch(run_dir)
     with open(run_dir / "launcher.log", "w") as launcher_log:
         # A session of its own, so that the whole tree can be ended whatever happens here; the
         # parent-death signal ends the launcher even when this process is killed outright.
         proc = subprocess.Popen(
-            command, stdout=launcher_log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=lifeline.die_with_parent
+            command, stdout=launcher_log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=dies_with_this_process()
         )  # fmt: skip
         try:
-            while proc.poll() is None:
+            # Not proc.poll(): that would reap the launcher before its group is stopped.
+            while not exited(proc):
                 follower.pump()
+                deaths.poll()
                 # Both launchers rendezvous before they start any worker: no worker status
                 # yet means some node has not joined.
                 if waiting and worker_statuses(run_dir):
                     waiting = False
-                elif waiting and time.monotonic() - started > cfg.dist.timeout_s:
-                    raise UnitrainError(
-                        f"dist.nnodes={cfg.dist.nnodes}: the other node(s) did not join at {cfg.dist.master_addr}:{cfg.dist.master_port} "
-                        f"within dist.timeout_s={cfg.dist.timeout_s:g}s; start the same command on every node (dist.node_rank=0..{cfg.dist.nnodes - 1})"
-                    )
-                time.sleep(0.2)
+                elif waiting and time.monotonic() - started > patience:
+                    raise not_joined_error(cfg.dist)
+                time.sleep(DEATH_POLL_S)
             follower.pump()
+            deaths.poll()
         finally:
             stop_everything(proc, run_dir)
     if proc.returncode != 0:
-        raise diagnose(run_dir, launcher, proc.returncode)
+        raise diagnose(run_dir, launcher, proc.returncode, cfg.dist, deaths.gone)
     return _finished(run_dir)

@@ -18,21 +18,35 @@ import time
 from pathlib import Path
 
 
+def _start_time(pid: int) -> str | None:
+    # As unitrain.lifeline.start_time; repeated here because the status is written before
+    # anything is imported (lifeline is imported just after, see main).
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
 def _status(run_dir: Path, rank: int, local_rank: int, **fields) -> None:
     folder = run_dir / ".workers"
     folder.mkdir(exist_ok=True)
     tmp = folder / f".rank{rank}.json.tmp"
-    tmp.write_text(json.dumps({"rank": rank, "local_rank": local_rank, "pid": os.getpid(), "time": time.time(), **fields}))
+    # pid and start time: the main process signals this pid only while it is still this process.
+    record = {"rank": rank, "local_rank": local_rank, "pid": os.getpid(), "start": _start_time(os.getpid()), "time": time.time(), **fields}
+    tmp.write_text(json.dumps(record))
     tmp.replace(folder / f"rank{rank}.json")
 
 
 def main(argv: list[str] | None = None) -> int:
+    parent = os.getppid()
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", required=True, help="the resolved config (YAML) the main process wrote")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--rank-env", required=True, help="the variable the launcher sets to this worker's global rank")
     parser.add_argument("--local-rank-env", required=True, help="the variable the launcher sets to its rank on this node")
     parser.add_argument("--main-pid", type=int, help="the unitrain process this job belongs to: the worker ends when it is gone")
+    parser.add_argument("--main-start", help="its start time (/proc/<pid>/stat field 22), so that a reused pid does not count")
     parser.add_argument("--workerlog", action="store_true", help="send this process's output to <run-dir>/workerlog.<local rank>")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
@@ -59,25 +73,29 @@ def main(argv: list[str] | None = None) -> int:
     # watchdog with the main process, however either ends.
     lifeline.die_with_parent()
     if args.main_pid:
-        main_started = lifeline.start_time(args.main_pid)
 
         def on_main_gone() -> None:
             status(status="terminated", error="the unitrain main process ended")
             os._exit(128 + signal.SIGKILL)
 
-        if main_started is None:
+        # The start time the main process read of itself; read here only if it did not pass it
+        # (then a pid reused before this line would pass for the main process).
+        main_started = args.main_start or lifeline.start_time(args.main_pid)
+        # The parent may have ended before prctl took effect: then no signal will ever come.
+        if os.getppid() != parent or main_started is None or lifeline.start_time(args.main_pid) != main_started:
             on_main_gone()
         lifeline.watch(args.main_pid, main_started, on_main_gone)
 
-    from omegaconf import OmegaConf
-
-    from unitrain.backend import get_backend
-    from unitrain.config import UnitrainConfig
     from unitrain.errors import NothingLeftToRun, UnitrainError
-    from unitrain.threads import export_threads, resolve_threads
-    from unitrain.trainer import train
 
     try:
+        from omegaconf import OmegaConf
+
+        from unitrain.backend import get_backend
+        from unitrain.config import UnitrainConfig
+        from unitrain.threads import export_threads, resolve_threads
+        from unitrain.trainer import train
+
         cfg = OmegaConf.merge(OmegaConf.structured(UnitrainConfig), OmegaConf.load(args.config))
         export_threads(resolve_threads(cfg.trainer.threads, cfg.dist.nproc_per_node))
         get_backend(cfg.backend.name)
@@ -93,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"unitrain: error: {err}", file=sys.stderr, flush=True)
         status(status="failed", error=str(err), user_error=True)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C reaches the whole foreground process group, this process too when the main
+        # process started it directly (sweeps, repeats): the main process says it in one line.
+        status(status="terminated", error="interrupted (Ctrl-C)")
+        return 128 + signal.SIGINT
     except BaseException as err:  # noqa: BLE001 - recorded for the main process, then re-raised
         status(status="failed", error=f"{type(err).__name__}: {err}".splitlines()[0])
         raise
