@@ -19,7 +19,7 @@ import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
@@ -370,7 +370,22 @@ def _html_table(rows: List[Dict[str, str]]) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
 
 
-def write_html(path: Path, rows, env, warnings, images: List[Path], note: str = FOOTNOTE) -> None:
+def inference_results(dirs: Sequence[str | Path], warn=None) -> List[Tuple[Path, Dict[str, Any]]]:
+    """Every ``inference.json`` (``python -m unitrain.infer``) in or under the given directories."""
+    warn = warn or (lambda text: print(text, file=sys.stderr, flush=True))
+    found = []
+    for f in sorted({f.resolve() for d in map(Path, dirs) for f in Path(d).rglob("inference.json")}):
+        try:
+            result = json.loads(f.read_text())
+            result["rows"], result["batches"], result["cpu"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            warn(f"unitrain.compare: warning: skipping {f}: {type(err).__name__}: {err}")
+            continue
+        found.append((f, result))
+    return found
+
+
+def write_html(path: Path, rows, env, warnings, images: List[Path], note: str = FOOTNOTE, inference=()) -> None:
     """One file with everything inlined (images as data URIs): opens in a browser, no server."""
     imgs = "".join(
         f'<figure><img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}"></figure>' for p in images
@@ -383,10 +398,20 @@ def write_html(path: Path, rows, env, warnings, images: List[Path], note: str = 
         ".warn{background:#fff4e5;border-left:4px solid #f0a020;padding:.5em 1em}img{max-width:100%}"
         "</style></head><body><h1>unitrain comparison</h1>"
         + (f"<div class='warn'><strong>Not a fair comparison:</strong><ul>{warn}</ul></div>" if warnings else "")
-        + "<h2>Results</h2>" + _html_table(rows) + f"<p><small>{html.escape(note)}</small></p><h2>Plots</h2>" + imgs + "<h2>Environment</h2>" + _html_table(env)
+        + "<h2>Results</h2>" + _html_table(rows) + f"<p><small>{html.escape(note)}</small></p><h2>Plots</h2>" + imgs
+        + "".join(_inference_html(f, result) for f, result in inference) + "<h2>Environment</h2>" + _html_table(env)
         + "</body></html>",
         encoding="utf-8",
     )  # fmt: skip
+
+
+def _inference_html(file: Path, result: Dict[str, Any]) -> str:
+    from unitrain.infer import markdown as inference_markdown, table_rows as inference_rows
+
+    png = file.parent / "inference.png"
+    img = f'<figure><img alt="inference" src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"></figure>' if png.exists() else ""
+    note = inference_markdown(result).rsplit("\n\n", 1)[-1]
+    return f"<h2>Inference ({html.escape(str(file))})</h2>" + _html_table(inference_rows(result)) + f"<p><small>{html.escape(note)}</small></p>" + img
 
 
 def table(dirs: Sequence[str | Path], baseline: int = 0, target_loss: Optional[float] = None, target_accuracy: Optional[float] = None) -> str:
@@ -410,8 +435,13 @@ def write_report(
     text = markdown(rows) + "\n\n" + FOOTNOTE
     if warnings:
         text += "\n\nWARNING: " + "\nWARNING: ".join(warnings)
+    inference = inference_results(dirs)
+    if inference:
+        from unitrain.infer import markdown as inference_markdown
+
+        text += "".join(f"\n\n## Inference ({f})\n\n" + inference_markdown(result) for f, result in inference)
     (out / "comparison.md").write_text(text + "\n\n## Environment\n\n" + markdown(env) + "\n")
-    write_html(out / "report.html", rows, env, warnings, images)
+    write_html(out / "report.html", rows, env, warnings, images, inference=inference)
     return text
 
 

@@ -1,0 +1,98 @@
+"""Export in paddle: ``paddle.jit.save`` inference programs and ONNX through paddle2onnx."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import paddle
+
+from unitrain.errors import UnitrainError
+
+OPSET = 17
+#: The files ``paddle.jit.save(layer, prefix)`` writes under PIR (Paddle 3.x).
+NATIVE_SUFFIXES = (".json", ".pdiparams")
+
+
+def _spec(example: np.ndarray, batch: Optional[int]):
+    # A None batch dimension gives a program that accepts any batch size.
+    return [paddle.static.InputSpec([batch, *example.shape[1:]], "float32", "images")]
+
+
+def save_native(model: paddle.nn.Layer, stem: Path, example: np.ndarray, batch: Optional[int]) -> List[Path]:
+    """``<stem>.json`` and ``<stem>.pdiparams``: loadable by ``paddle.inference.create_predictor``
+    and by ``paddle.jit.load``."""
+    model.eval()
+    paddle.jit.save(model, str(stem), input_spec=_spec(example, batch))
+    files = [stem.with_name(stem.name + s) for s in NATIVE_SUFFIXES]
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise UnitrainError(f"paddle.jit.save did not write {', '.join(missing)} (this Paddle writes {sorted(p.name for p in stem.parent.iterdir())})")
+    return files
+
+
+def save_onnx(model: paddle.nn.Layer, stem: Path, example: np.ndarray, batch: Optional[int]) -> List[Path]:
+    """``<stem>.onnx`` through paddle2onnx, from a ``jit.save`` program in a temporary directory."""
+    try:
+        import paddle2onnx
+    except ImportError:
+        raise UnitrainError("ONNX export from paddle needs paddle2onnx, which is not installed; install it with: pip install 'unitrain[export]'") from None
+    path = stem.with_name(stem.name + ".onnx")
+    with tempfile.TemporaryDirectory(dir=stem.parent, prefix=".paddle2onnx-") as tmp:
+        program, params = save_native(model, Path(tmp) / "model", example, batch)
+        # save_file=None returns the bytes: paddle2onnx logs a failed conversion instead of
+        # raising, so unitrain checks what came back and writes the file itself. optimize_tool
+        # "none": its default (Polygraphy) pip-installs a package at run time; ONNX Runtime
+        # folds constants itself when it loads the model.
+        with _captured_stdout() as said:
+            try:
+                onnx_bytes = paddle2onnx.export(str(program), str(params), save_file=None, opset_version=OPSET, enable_onnx_checker=True, optimize_tool="none")
+            except Exception:  # noqa: BLE001 - reported below with what paddle2onnx printed
+                onnx_bytes = None
+    if not isinstance(onnx_bytes, bytes) or not onnx_bytes:
+        last = [line for line in said().splitlines() if line.strip()][-1:] or ["(it printed nothing)"]
+        raise UnitrainError(f"paddle2onnx could not convert the model: {last[0].strip()}")
+    path.write_bytes(onnx_bytes)
+    return [path]
+
+
+@contextlib.contextmanager
+def _captured_stdout():
+    """paddle2onnx's C++ side prints its progress to file descriptor 1; keep it for the error
+    message instead of mixing it into unitrain's one line per artifact."""
+    sys.stdout.flush()
+    saved, text = os.dup(1), []
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 1)
+        try:
+            yield lambda: "".join(text)
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+            sink.seek(0)
+            text.append(sink.read().decode(errors="replace"))
+
+
+def load_native(path: Path):
+    """The saved program through Paddle Inference's predictor (the deployment runtime), with
+    paddle alone; ``path`` is any of the files ``save_native`` wrote."""
+    from paddle import inference
+
+    prefix = str(path)[: -len(path.suffix)] if path.suffix in NATIVE_SUFFIXES else str(path)
+    config = inference.Config(prefix + ".json", prefix + ".pdiparams")
+    config.disable_glog_info()
+    return inference.create_predictor(config)
+
+
+def run_native(predictor, images: np.ndarray) -> np.ndarray:
+    handle = predictor.get_input_handle(predictor.get_input_names()[0])
+    handle.reshape(list(images.shape))
+    handle.copy_from_cpu(np.ascontiguousarray(images, dtype=np.float32))
+    predictor.run()
+    return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()

@@ -1,0 +1,69 @@
+"""Export in torch: ``torch.export`` ExportedPrograms (.pt2) and ONNX through ``torch.onnx.export``."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import warnings
+from pathlib import Path
+from typing import List, Optional
+
+import numpy as np
+import torch
+
+from unitrain.errors import UnitrainError
+
+# The ONNX exporter's default (dynamo) path; the legacy TorchScript path is deprecated.
+OPSET = 18
+
+
+def _example_and_shapes(example: np.ndarray, batch: Optional[int]):
+    x = torch.from_numpy(np.ascontiguousarray(example))
+    # batch None: one dynamic dimension; an int: the program is specialised to that batch.
+    shapes = ({0: torch.export.Dim("batch", min=1, max=65536)},) if batch is None else None
+    return x, shapes
+
+
+def save_native(model: torch.nn.Module, stem: Path, example: np.ndarray, batch: Optional[int]) -> List[Path]:
+    """``<stem>.pt2``: an ExportedProgram, loadable with ``torch.export.load`` alone."""
+    x, shapes = _example_and_shapes(example, batch)
+    program = torch.export.export(model.eval(), (x,), dynamic_shapes=shapes)
+    path = stem.with_name(stem.name + ".pt2")
+    torch.export.save(program, path)
+    return [path]
+
+
+def save_onnx(model: torch.nn.Module, stem: Path, example: np.ndarray, batch: Optional[int]) -> List[Path]:
+    """``<stem>.onnx``, weights inside (no external data file), input ``images``, output ``logits``."""
+    x, shapes = _example_and_shapes(example, batch)
+    path = stem.with_name(stem.name + ".onnx")
+    # Progress at INFO, and a warning per torchvision operator it cannot register (unitrain uses none).
+    quiet = logging.getLogger("onnxscript"), logging.getLogger("onnx_ir"), logging.getLogger("torch.onnx")
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)
+    try:
+        # The exporter prints its progress to stdout; unitrain prints one line per artifact instead.
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            torch.onnx.export(
+                model.eval(), (x,), str(path), input_names=["images"], output_names=["logits"], opset_version=OPSET,
+                dynamic_shapes=shapes, external_data=False, dynamo=True,
+            )  # fmt: skip
+    except ImportError as err:
+        raise UnitrainError(f"ONNX export from torch needs {err.name or 'onnxscript'}, which is not installed; install it with: pip install 'unitrain[export]'") from None
+    finally:
+        for q, level in zip(quiet, levels):
+            q.setLevel(level)
+    return [path]
+
+
+def load_native(path: Path):
+    """The ExportedProgram as a callable module, with torch alone."""
+    return torch.export.load(str(path)).module()
+
+
+def run_native(module, images: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return module(torch.from_numpy(np.ascontiguousarray(images))).numpy()
