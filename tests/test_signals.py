@@ -51,12 +51,19 @@ def worker_pids(run_dir: Path) -> Set[int]:
     return {json.loads(f.read_text())["pid"] for f in folder.glob("rank*.json")} if folder.exists() else set()
 
 
+def as_a_terminal_job() -> None:
+    """SIGINT as a terminal's foreground job has it. Where the suite itself was started in the
+    background by a non-interactive shell (``make test &``, some CI runners), SIGINT arrives
+    ignored, the ignore is inherited across exec, and Python then installs no Ctrl-C handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_unitrain(args: List[str], tmp_path: Path) -> subprocess.Popen:
     # A session of its own, as a shell gives each job a process group: Ctrl-C and a closed
     # terminal signal the whole group, as killpg does here.
     return subprocess.Popen(
         [sys.executable, "-m", "unitrain", *args], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True, preexec_fn=as_a_terminal_job,
     )  # fmt: skip
 
 

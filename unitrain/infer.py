@@ -249,6 +249,8 @@ def _out_dir(out: Optional[str], found: List[artifacts.Artifact]) -> Path:
 # --- the report -------------------------------------------------------------------------------
 def table_rows(result: Dict[str, Any]) -> List[Dict[str, str]]:
     small, large = min(result["batches"]), max(result["batches"])
+    p50s = [r["latency"][str(small)]["p50_ms"] for r in result["rows"] if str(small) in r.get("latency", {})]
+    fastest = min(p50s) if p50s else None
     rows = []
     for r in result["rows"]:
         lat = r.get("latency", {})
@@ -258,6 +260,7 @@ def table_rows(result: Dict[str, Any]) -> List[Dict[str, str]]:
             f"p50 ms (batch {small})": f"{b1['p50_ms']:.2f}" if b1 else "-",
             f"p90 ms (batch {small})": f"{b1['p90_ms']:.2f}" if b1 else "-",
             f"p99 ms (batch {small})": f"{b1['p99_ms']:.2f}" if b1 else "-",
+            "p50 / fastest": f"{b1['p50_ms'] / fastest:.2f}" if b1 and fastest else "-",
             f"img/s (batch {large})": f"{bn['throughput_ips']:.1f}" if bn else "-",
             "held-out top-1": f"{r['accuracy']['top1']:.4f}" if "accuracy" in r else "-",
             "what ran": _what_ran(r),
