@@ -32,7 +32,7 @@ run: $(STAMP)
 	$(PY) -m unitrain -m backend=paddle,torch
 
 test: $(STAMP) fashion-mnist
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 test-fast: $(STAMP) fashion-mnist
 	$(PY) -m pytest -q -m "not slow"

@@ -175,11 +175,14 @@ def worker(spec_file: str) -> int:
     return 0
 
 
+ROW_PREFIX = "  | "
+
+
 def _row_line(name: str, row: Dict[str, Any]) -> str:
     if "error" in row:
-        return f"  {row['runtime']:<34} {name}: FAILED: {row['error']}"
+        return f"{ROW_PREFIX}{row['runtime']:<34} {name}: FAILED: {row['error']}"
     cells = ", ".join(f"batch {b}: p50 {v['p50_ms']:.2f} ms, {v['throughput_ips']:.0f} img/s" for b, v in row["latency"].items())
-    return f"  {row['runtime']:<34} {name}: {cells}; held-out top-1 {row['accuracy']['top1']:.4f}"
+    return f"{ROW_PREFIX}{row['runtime']:<34} {name}: {cells}; held-out top-1 {row['accuracy']['top1']:.4f}"
 
 
 def _run_artifact(artifact: artifacts.Artifact, manifest: Dict[str, Any], options: Dict[str, Any], workdir: Path) -> List[Dict[str, Any]]:
@@ -194,9 +197,24 @@ def _run_artifact(artifact: artifacts.Artifact, manifest: Dict[str, Any], option
     env = {**os.environ, "OMP_NUM_THREADS": str(options["threads"]), "MKL_NUM_THREADS": str(options["threads"]), "GLOG_minloglevel": "2"}
     from unitrain.lifeline import die_with_parent
 
-    proc = subprocess.run([sys.executable, "-m", "unitrain.infer", "--worker", str(spec_file)], env=env, preexec_fn=die_with_parent)
+    # The worker's rows are relayed as they come; what the frameworks print on import (Paddle's
+    # OMP_NUM_THREADS advice for data-parallel training, say) is kept for a failure's message.
+    with tempfile.TemporaryFile(mode="w+") as noise:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "unitrain.infer", "--worker", str(spec_file)], env=env, preexec_fn=die_with_parent,
+            stdout=subprocess.PIPE, stderr=noise, text=True,
+        )  # fmt: skip
+        for line in proc.stdout:
+            if line.startswith(ROW_PREFIX):
+                print(line, end="", flush=True)
+            else:
+                noise.write(line)
+        proc.wait()
+        noise.seek(0)
+        said = [line.strip() for line in noise.read().splitlines() if line.strip()]
     if proc.returncode != 0 or not Path(spec["result"]).exists():
-        return [{"runtime": "(all)", "error": f"the worker process for {artifact.name} ended with exit status {proc.returncode}", "latency": {}}]
+        last = f": {said[-1][:200]}" if said else ""
+        return [{"runtime": "(all)", "error": f"the worker process for {artifact.name} ended with exit status {proc.returncode}{last}", "latency": {}}]
     return json.loads(Path(spec["result"]).read_text())
 
 
