@@ -198,3 +198,22 @@ def test_infer_corrupt_or_missing_artifact_is_one_line(exported, tmp_path):
     os.remove(copy / "model.paddle.pdiparams")
     gone = cli("unitrain.infer", str(copy), cwd=tmp_path)
     assert gone.returncode == 2 and "model.paddle.pdiparams is missing" in one_line(gone.stderr)
+
+
+def test_a_missing_runtime_names_the_extra_to_install(exported, tmp_path):
+    """onnxruntime and paddle2onnx shadowed by packages that fail to import, as when the
+    ``export`` extra is not installed."""
+    backend, run_dir, directory = exported
+    if backend != "paddle":
+        pytest.skip("one source framework is enough")
+    blocked = tmp_path / "blocked"
+    for name in ("onnxruntime", "paddle2onnx"):
+        (blocked / name).mkdir(parents=True)
+        (blocked / name / "__init__.py").write_text(f"raise ImportError({f'No module named {name}'!r}, name={name!r})\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocked), os.environ.get("PYTHONPATH", "")])}
+    run = lambda *args: subprocess.run([sys.executable, "-m", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
+    export = run("unitrain.export", str(run_dir), "--format", "onnx", "--out", str(tmp_path / "x"))
+    assert export.returncode == 2 and "pip install 'unitrain[export]'" in one_line(export.stderr)
+    assert not (tmp_path / "x" / "export.json").exists()
+    infer = run("unitrain.infer", str(directory / "model.torch.onnx"), "--batch", "1", "--min-iters", "1", "--min-time", "0", "--out", str(tmp_path / "o"))
+    assert infer.returncode == 1 and "pip install 'unitrain[export]'" in one_line(infer.stderr)
