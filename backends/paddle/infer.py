@@ -47,8 +47,8 @@ class PaddleInference(Runtime):
         return self.output.copy_to_cpu()
 
     def observed(self) -> Dict[str, Any]:
-        # Read back from the config after the predictor was created: a predictor that could not
-        # use oneDNN on this CPU turns it off here.
+        # Read back from the config after the predictor was created, i.e. what Paddle reports it
+        # runs with, not what was asked. (Which IR passes fired is in Paddle's own log only.)
         return {
             "ir_optim": self.config.ir_optim(), "onednn": self.config.onednn_enabled(),
             "threads": self.config.cpu_math_library_num_threads(),
