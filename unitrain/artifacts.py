@@ -58,11 +58,6 @@ class Artifact:
     def path(self) -> Path:
         return self.directory / self.files[0]
 
-    @property
-    def runtime_family(self) -> str:
-        """Who runs it: its framework (native) or ONNX Runtime (either framework's ONNX)."""
-        return "onnx" if self.format == "onnx" else self.framework
-
     def accepts(self, batch: int) -> bool:
         return self.batch is None or self.batch == batch
 

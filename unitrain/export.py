@@ -63,13 +63,15 @@ def _tensor(framework: str, images: np.ndarray):
 
 
 def run_artifact(framework: str, fmt: str, path: Path, images: np.ndarray) -> np.ndarray:
-    """The artifact's logits, computed by its own runtime alone: no unitrain model code."""
-    if fmt == "onnx":
-        from unitrain.infer import onnx_session, run_onnx
+    """The artifact's logits, computed by its deployment runtime alone (no unitrain model code):
+    the first runtime ``unitrain.infer`` lists for it (torch.export.load, the Paddle Inference
+    predictor, ONNX Runtime), so the check and the benchmark load an artifact the same way."""
+    from unitrain.infer import runtimes_for
 
-        return run_onnx(onnx_session(path, threads=None), images)
-    module = capability(get_backend(framework), "export")
-    return module.run_native(module.load_native(path), images)
+    artifact = artifacts.Artifact(path.parent, path.name, framework, fmt, (path.name,), None)
+    runtime = runtimes_for(artifact, threads=len(os.sched_getaffinity(0)))[0]
+    runtime.load()
+    return np.asarray(runtime.run(runtime.prepare(images)))
 
 
 def compare_logits(ref: np.ndarray, got: np.ndarray) -> Dict[str, float]:

@@ -77,22 +77,3 @@ def _captured_stdout():
             os.close(saved)
             sink.seek(0)
             text.append(sink.read().decode(errors="replace"))
-
-
-def load_native(path: Path):
-    """The saved program through Paddle Inference's predictor (the deployment runtime), with
-    paddle alone; ``path`` is any of the files ``save_native`` wrote."""
-    from paddle import inference
-
-    prefix = str(path)[: -len(path.suffix)] if path.suffix in NATIVE_SUFFIXES else str(path)
-    config = inference.Config(prefix + ".json", prefix + ".pdiparams")
-    config.disable_glog_info()
-    return inference.create_predictor(config)
-
-
-def run_native(predictor, images: np.ndarray) -> np.ndarray:
-    handle = predictor.get_input_handle(predictor.get_input_names()[0])
-    handle.reshape(list(images.shape))
-    handle.copy_from_cpu(np.ascontiguousarray(images, dtype=np.float32))
-    predictor.run()
-    return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()

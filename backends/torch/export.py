@@ -1,4 +1,5 @@
-"""Export in torch: ``torch.export`` ExportedPrograms (.pt2) and ONNX through ``torch.onnx.export``."""
+"""Export in torch: ``torch.export`` ExportedPrograms (.pt2) and ONNX through ``torch.onnx.export``
+(read back by the runtimes in ``infer.py``)."""
 
 from __future__ import annotations
 
@@ -57,13 +58,3 @@ def save_onnx(model: torch.nn.Module, stem: Path, example: np.ndarray, batch: Op
         for q, level in zip(quiet, levels):
             q.setLevel(level)
     return [path]
-
-
-def load_native(path: Path):
-    """The ExportedProgram as a callable module, with torch alone."""
-    return torch.export.load(str(path)).module()
-
-
-def run_native(module, images: np.ndarray) -> np.ndarray:
-    with torch.no_grad():
-        return module(torch.from_numpy(np.ascontiguousarray(images))).numpy()
