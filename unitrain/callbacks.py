@@ -1,4 +1,4 @@
-"""Hydra callbacks: the comparison report at the end of a multirun."""
+"""Hydra callbacks: the comparison report at the end of a multirun (training or quantization)."""
 
 from __future__ import annotations
 
@@ -20,3 +20,18 @@ class ComparisonReport(Callback):
             return
         table = write_report([sweep_dir])
         print(f"\n{table}\n\nreport: {sweep_dir / 'report.html'}", flush=True)
+
+
+class QuantizationReport(Callback):
+    """After a ``python -m unitrain.quantize -m`` sweep: one table of every job, printed and
+    written as quantize.md in the sweep directory."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from unitrain.quantize_report import combined_markdown, results
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        found = results([sweep_dir])
+        if found:
+            text = combined_markdown([report for _, report in found])
+            (sweep_dir / "quantize.md").write_text(text + "\n")
+            print(f"\n{text}\n\ntable: {sweep_dir / 'quantize.md'}", flush=True)

@@ -440,6 +440,11 @@ def write_report(
         from unitrain.infer import markdown as inference_markdown
 
         text += "".join(f"\n\n## Inference ({f})\n\n" + inference_markdown(result) for f, result in inference)
+    from unitrain.quantize_report import combined_markdown, results as quantize_results
+
+    quantized = quantize_results(dirs)
+    if quantized:
+        text += "\n\n## Quantization\n\n" + combined_markdown([report for _, report in quantized])
     (out / "comparison.md").write_text(text + "\n\n## Environment\n\n" + markdown(env) + "\n")
     write_html(out / "report.html", rows, env, warnings, images, inference=inference)
     return text

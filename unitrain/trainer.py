@@ -11,7 +11,7 @@ import resource
 import time
 from pathlib import Path
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -71,9 +71,12 @@ class Job:
 class Trainer:
     """Runs ``cfg`` on ``backend`` and writes metrics.jsonl and summary.json into ``run_dir``."""
 
-    def __init__(self, cfg: UnitrainConfig, backend: Backend, run_dir: str | Path, threads: int):
+    def __init__(self, cfg: UnitrainConfig, backend: Backend, run_dir: str | Path, threads: int, prepare_model: Optional[Callable[[Any], Any]] = None):
         self.cfg, self.backend, self.threads = cfg, backend, threads
         self.run_dir = Path(run_dir)
+        # Applied to the freshly built model before the optimizer sees its parameters: how
+        # quantization-aware training gives the loop a model with fake quantization inserted.
+        self.prepare_model = prepare_model
 
     def fit(self) -> Dict[str, Any]:
         self.backend.set_threads(self.threads)
@@ -114,6 +117,8 @@ class Trainer:
         num_classes = getattr(dataset, "num_classes", cfg.data.num_classes)
 
         model = backend.build_model(cfg.model.name, num_classes, dist.device, cfg.model.zero_init_residual, cfg.model.init, cfg.trainer.seed)
+        if self.prepare_model is not None:
+            model = self.prepare_model(model)
         optimizer = backend.build_optimizer(model, cfg.optim)
         model, optimizer = precision.decorate(model, optimizer)
         start_step, history = self._resume(model, optimizer, precision)

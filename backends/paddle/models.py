@@ -20,7 +20,9 @@ class BasicBlock(nn.Layer):
         super().__init__()
         self.conv1, self.bn1 = _conv_bn(cin, width, 3, stride)
         self.conv2, self.bn2 = _conv_bn(width, width, 3)
-        self.relu = nn.ReLU()
+        # One activation module per use: quantizers match patterns (conv-bn-relu, add-relu) per
+        # module, and a module used twice reads as one node with two outputs.
+        self.relu, self.relu_out = nn.ReLU(), nn.ReLU()
         self.downsample = _downsample(cin, width * self.expansion, stride)
 
     @property
@@ -31,7 +33,7 @@ class BasicBlock(nn.Layer):
         identity = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
+        return self.relu_out(out + identity)
 
 
 class BottleneckBlock(nn.Layer):
@@ -43,7 +45,7 @@ class BottleneckBlock(nn.Layer):
         self.conv1, self.bn1 = _conv_bn(cin, width, 1)
         self.conv2, self.bn2 = _conv_bn(width, width, 3, stride)
         self.conv3, self.bn3 = _conv_bn(width, width * self.expansion, 1)
-        self.relu = nn.ReLU()
+        self.relu, self.relu_mid, self.relu_out = nn.ReLU(), nn.ReLU(), nn.ReLU()
         self.downsample = _downsample(cin, width * self.expansion, stride)
 
     @property
@@ -53,9 +55,9 @@ class BottleneckBlock(nn.Layer):
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.relu_mid(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
-        return self.relu(out + identity)
+        return self.relu_out(out + identity)
 
 
 def _downsample(cin: int, cout: int, stride: int) -> nn.Sequential | None:

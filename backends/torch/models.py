@@ -19,7 +19,9 @@ class BasicBlock(nn.Module):
         super().__init__()
         self.conv1, self.bn1 = _conv_bn(cin, width, 3, stride)
         self.conv2, self.bn2 = _conv_bn(width, width, 3)
-        self.relu = nn.ReLU()
+        # One activation module per use: quantizers match patterns (conv-bn-relu, add-relu) per
+        # module, and a module used twice reads as one node with two outputs.
+        self.relu, self.relu_out = nn.ReLU(), nn.ReLU()
         self.downsample = _downsample(cin, width * self.expansion, stride)
 
     @property
@@ -30,7 +32,7 @@ class BasicBlock(nn.Module):
         identity = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
+        return self.relu_out(out + identity)
 
 
 class BottleneckBlock(nn.Module):
@@ -42,7 +44,7 @@ class BottleneckBlock(nn.Module):
         self.conv1, self.bn1 = _conv_bn(cin, width, 1)
         self.conv2, self.bn2 = _conv_bn(width, width, 3, stride)
         self.conv3, self.bn3 = _conv_bn(width, width * self.expansion, 1)
-        self.relu = nn.ReLU()
+        self.relu, self.relu_mid, self.relu_out = nn.ReLU(), nn.ReLU(), nn.ReLU()
         self.downsample = _downsample(cin, width * self.expansion, stride)
 
     @property
@@ -52,9 +54,9 @@ class BottleneckBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
         out = self.relu(self.bn1(self.conv1(x)))
-        out = self.relu(self.bn2(self.conv2(out)))
+        out = self.relu_mid(self.bn2(self.conv2(out)))
         out = self.bn3(self.conv3(out))
-        return self.relu(out + identity)
+        return self.relu_out(out + identity)
 
 
 def _downsample(cin: int, cout: int, stride: int) -> nn.Sequential | None:

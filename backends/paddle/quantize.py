@@ -1,0 +1,123 @@
+"""Quantization in paddle, on the program path whose int8 reaches oneDNN's int8 kernels.
+
+Paddle 3.3.1 has two: PIR (the default) and the legacy ProgramDesc. Under PIR,
+``paddle.quantization``'s converted model cannot be saved with a dynamic batch (its quantize op
+allocates a tensor of its input's shape), and Paddle Inference's PIR CPU passes do not turn
+quantize/dequantize pairs into int8 kernels. The legacy program does: Paddle Inference with
+``enable_new_ir(False)``, ``enable_onednn()`` and ``enable_onednn_int8()`` runs it as
+``fused_conv2d``/``fc`` with ``mkldnn_data_type=int8``. So every artifact here is a legacy
+inference program (``<stem>.pdmodel`` + ``.pdiparams``), written under ``OldIrGuard`` in an
+otherwise PIR process:
+
+- static: ``paddle.static.quantization.PostTrainingQuantization`` on the fp32 program, absmax
+  calibration on unlabeled batches, per-channel weights, QDQ (``onnx_format``) output with the
+  weights stored as int8.
+- dynamic: ``paddle.quantization.PTQ`` with weight observers only (no data). Its ``convert``
+  stores the int8-rounded weights as float32 behind dequantize ops: no smaller, fp32 compute.
+  (``WeightQuantization.quantize_weight_to_int``, which stores int8, gave all-zero logits in
+  Paddle Inference here, with and without oneDNN, so it is not used.)
+- qat: ``ImperativeQuantAware`` (per-channel weights, moving-average activations, QDQ output)
+  on the dygraph model, fine-tuned by unitrain's own training loop, saved with
+  ``save_quantized_model``.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import paddle
+from paddle.pir_utils import OldIrGuard
+
+QUANTIZER = {
+    "dynamic": "paddle.quantization.PTQ, per-tensor absmax weight observers only, legacy program",
+    "static": "paddle.static.quantization.PostTrainingQuantization, abs_max, per-channel weights unless per_channel=false, legacy program",
+    "qat": "paddle.quantization.ImperativeQuantAware, per-channel weights, moving-average activations, legacy program",
+}
+#: The files of each artifact written, and its fixed batch size (None: any).
+Saved = List[Tuple[List[Path], Optional[int]]]
+SUFFIXES = (".pdmodel", ".pdiparams")
+#: Operators whose weights the quantizers quantize (conv, and the classifier as mul/matmul_v2).
+QUANTIZABLE = ["conv2d", "depthwise_conv2d", "mul", "matmul", "matmul_v2"]
+
+
+def _spec(example: np.ndarray):
+    return [paddle.static.InputSpec([None, *example.shape[1:]], "float32", "images")]
+
+
+def _files(prefix: Path) -> List[Path]:
+    return [prefix.with_name(prefix.name + s) for s in SUFFIXES]
+
+
+def _legacy_save(layer: paddle.nn.Layer, prefix: Path, example: np.ndarray) -> List[Path]:
+    layer.eval()
+    with OldIrGuard():
+        paddle.jit.save(layer, str(prefix), input_spec=_spec(example))
+    prefix.with_name(prefix.name + ".pdiparams.info").unlink(missing_ok=True)  # only for training restarts
+    return _files(prefix)
+
+
+def _static_ptq(model: paddle.nn.Layer, calibration: List[np.ndarray], stem: Path, per_channel: bool) -> List[Path]:
+    from paddle.static.quantization import PostTrainingQuantization
+
+    with tempfile.TemporaryDirectory(dir=stem.parent, prefix=".paddle-ptq-") as tmp:
+        _legacy_save(model, Path(tmp) / "fp32" / "model", calibration[0])
+        with OldIrGuard():
+            paddle.enable_static()
+            try:
+                ptq = PostTrainingQuantization(
+                    executor=paddle.static.Executor(paddle.CPUPlace()), model_dir=str(Path(tmp) / "fp32"), model_filename="model.pdmodel",
+                    params_filename="model.pdiparams", data_loader=lambda: ({"images": b} for b in calibration), batch_nums=len(calibration),
+                    algo="abs_max", quantizable_op_type=QUANTIZABLE, weight_quantize_type="channel_wise_abs_max" if per_channel else "abs_max",
+                    onnx_format=True,
+                )  # fmt: skip
+                ptq.quantize()
+                ptq.save_quantized_model(save_model_path=str(Path(tmp) / "int8"), model_filename="model.pdmodel", params_filename="model.pdiparams")
+            finally:
+                paddle.disable_static()
+        targets = _files(stem)
+        for source, target in zip(_files(Path(tmp) / "int8" / "model"), targets):
+            shutil.move(source, target)
+    return targets
+
+
+def save_quantized(
+    model: paddle.nn.Layer, method: str, calibration: Iterable[np.ndarray], stem: Path, reduce_range: bool, per_channel: bool, batches: Sequence[int]
+) -> Saved:
+    """``<stem>.pdmodel`` + ``<stem>.pdiparams`` for any batch size; ``calibration`` is only
+    read by the static method. (``reduce_range`` has no counterpart in Paddle's quantizers.)"""
+    batches = list(calibration)
+    model.eval()
+    if method == "static":
+        return [(_static_ptq(model, batches, stem, per_channel), None)]
+    from paddle.quantization import PTQ, QuantConfig
+    from paddle.quantization.observers import AbsmaxObserver
+
+    ptq = PTQ(QuantConfig(activation=None, weight=AbsmaxObserver(quant_bits=8)))
+    observed = ptq.quantize(model, inplace=False)
+    with paddle.no_grad():
+        observed(paddle.to_tensor(batches[0]))  # weight observers read the weights on the first call
+    return [(_legacy_save(ptq.convert(observed, inplace=True), stem, batches[0]), None)]
+
+
+def prepare_qat(model: paddle.nn.Layer, example: np.ndarray, reduce_range: bool) -> paddle.nn.Layer:
+    """The model with fake quantization on conv/linear inputs and weights, trainable by unitrain's loop."""
+    from paddle.quantization import ImperativeQuantAware
+
+    qat = ImperativeQuantAware(
+        quantizable_layer_type=["Conv2D", "Linear"], weight_quantize_type="channel_wise_abs_max",
+        activation_quantize_type="moving_average_abs_max", onnx_format=True,
+    )  # fmt: skip
+    qat.quantize(model)
+    model._unitrain_qat = qat  # save_quantized_model belongs to the object that prepared the model
+    return model
+
+
+def save_qat(prepared: paddle.nn.Layer, stem: Path, example: np.ndarray, batches: Sequence[int]) -> Saved:
+    prepared.eval()
+    prepared._unitrain_qat.save_quantized_model(prepared, str(stem), input_spec=_spec(example))
+    stem.with_name(stem.name + ".pdiparams.info").unlink(missing_ok=True)
+    return [(_files(stem), None)]

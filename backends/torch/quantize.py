@@ -1,0 +1,144 @@
+"""Quantization in torch: torchao's PT2E flow on a ``torch.export`` graph, saved as an
+ExportedProgram (.pt2) whose conv and linear weights are stored as int8.
+
+- static: ``X86InductorQuantizer`` (int8 activations per tensor, int8 weights per channel),
+  calibrated on unlabeled batches; ``torch.compile`` with Inductor freezing then runs oneDNN
+  int8 kernels (``backends/torch/infer.py`` looks for them in a profile).
+- qat: ``prepare_qat_pt2e`` with the same quantizer in training mode (conv-BatchNorm folded
+  with fake quantization), fine-tuned by unitrain's own training loop, then converted and saved
+  like the static method.
+- dynamic: torchao's int8 dynamic configs cover ``nn.Linear`` only, which in a ResNet is the
+  classifier alone. unitrain's dynamic method stores every conv and linear weight as int8 (per
+  output channel, symmetric) and dequantizes it for fp32 compute, Paddle's definition of
+  dynamic post-training quantization: a smaller file, no data, no int8 kernels.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from unitrain.errors import UnitrainError
+
+
+def _torchao():
+    try:
+        from torchao.quantization.pt2e import quantize_pt2e  # noqa: F401
+    except ImportError:
+        raise UnitrainError("quantization in torch needs torchao, which is not installed; install it with: pip install 'unitrain[quantize]'") from None
+    return quantize_pt2e
+
+
+class WeightOnlyQuantizer:
+    """Annotates the weight of every conv and linear for int8 per-channel storage, nothing else."""
+
+    def __new__(cls, per_channel: bool = True):
+        from torchao.quantization.pt2e.observer import MinMaxObserver, PerChannelMinMaxObserver
+        from torchao.quantization.pt2e.quantizer import QuantizationAnnotation, QuantizationSpec, Quantizer
+
+        observer = PerChannelMinMaxObserver if per_channel else MinMaxObserver
+        spec = QuantizationSpec(
+            dtype=torch.int8, quant_min=-127, quant_max=127, qscheme=torch.per_channel_symmetric if per_channel else torch.per_tensor_symmetric,
+            ch_axis=0, is_dynamic=False, observer_or_fake_quant_ctr=observer.with_args(eps=2**-12),
+        )  # fmt: skip
+        targets = {torch.ops.aten.conv2d.default, torch.ops.aten.linear.default}
+
+        class _Quantizer(Quantizer):
+            def annotate(self, model):
+                for node in model.graph.nodes:
+                    if node.op == "call_function" and node.target in targets:
+                        node.meta["quantization_annotation"] = QuantizationAnnotation(input_qspec_map={node.args[1]: spec}, _annotated=True)
+                return model
+
+            def validate(self, model) -> None:
+                pass
+
+        return _Quantizer()
+
+
+#: What writes each method's artifact (recorded in the manifest).
+QUANTIZER = {
+    "dynamic": "torchao PT2E, int8 weight-only annotation (unitrain's), per-channel unless per_channel=false",
+    "static": "torchao PT2E, X86InductorQuantizer, per-channel weights, per-tensor activations",
+    "qat": "torchao PT2E QAT, X86InductorQuantizer(is_qat=True), per-channel weights",
+}  # fmt: skip
+BATCH = ({0: torch.export.Dim("batch", min=1, max=65536)},)
+
+
+def _quantizer(method: str, reduce_range: bool, per_channel: bool):
+    if method == "dynamic":
+        return WeightOnlyQuantizer(per_channel)
+    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as x86
+
+    # reduce_range (7-bit activations) where the CPU lacks VNNI: without it the AVX2 int8 dot
+    # product (vpmaddubsw) can saturate its 16-bit sums.
+    config = x86.get_default_x86_inductor_quantization_config(is_qat=method == "qat", reduce_range=reduce_range)
+    return x86.X86InductorQuantizer().set_global(config)
+
+
+def _drop_unused(module: torch.fx.GraphModule) -> None:
+    """convert_pt2e leaves the float weights it replaced as attributes; exported, they would be
+    saved beside the int8 ones and the file would be larger than the fp32 model's."""
+    used = {n.target for n in module.graph.nodes if n.op == "get_attr"}
+    for name in [n for n, _ in module.named_parameters()] + [n for n, _ in module.named_buffers()]:
+        if name not in used:
+            owner, _, attr = name.rpartition(".")
+            delattr(module.get_submodule(owner) if owner else module, attr)
+
+
+#: The files of each artifact written, and its fixed batch size (None: any).
+Saved = List[Tuple[List[Path], Optional[int]]]
+
+
+def _save(converted: torch.fx.GraphModule, example: torch.Tensor, stem: Path) -> Saved:
+    _drop_unused(converted)
+    path = stem.with_name(stem.name + ".pt2")
+    torch.export.save(torch.export.export(converted, (example,), dynamic_shapes=BATCH), path)
+    return [([path], None)]
+
+
+def _nonzero_batchnorm_scales(model: torch.nn.Module) -> None:
+    """QAT folds each BatchNorm into its conv and divides the conv's output by the BN scale:
+    a scale of exactly 0 (zero-initialised residual branches that never trained) gives NaN.
+    A scale of 1e-6 instead changes that branch's output by at most 1e-6 of its input."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.BatchNorm2d) and module.weight is not None:
+                tiny = module.weight.abs() < 1e-6
+                module.weight[tiny] = 1e-6
+
+
+def prepare_qat(model: torch.nn.Module, example: np.ndarray, reduce_range: bool) -> torch.nn.Module:
+    """The model with fake quantization in training mode, trainable by unitrain's loop (its
+    ``train()``/``eval()`` switch BatchNorm and dropout in the exported graph)."""
+    quantize_pt2e = _torchao()
+    from torchao.quantization.pt2e import allow_exported_model_train_eval
+
+    _nonzero_batchnorm_scales(model)
+    x = torch.from_numpy(np.ascontiguousarray(example, dtype=np.float32))
+    graph = torch.export.export(model.train(), (x,), dynamic_shapes=BATCH).module()
+    return allow_exported_model_train_eval(quantize_pt2e.prepare_qat_pt2e(graph, _quantizer("qat", reduce_range, True)))
+
+
+def save_qat(prepared: torch.nn.Module, stem: Path, example: np.ndarray, batches: Sequence[int]) -> Saved:
+    """``<stem>.pt2`` (any batch): the fine-tuned model converted to int8 weights and quantize ops, as static."""
+    quantize_pt2e = _torchao()
+    prepared.eval()
+    return _save(quantize_pt2e.convert_pt2e(prepared), torch.from_numpy(np.ascontiguousarray(example, dtype=np.float32)), stem)
+
+
+def save_quantized(
+    model: torch.nn.Module, method: str, calibration: Iterable[np.ndarray], stem: Path, reduce_range: bool, per_channel: bool, batches: Sequence[int]
+) -> Saved:
+    """``<stem>.pt2`` for any batch size; ``calibration`` is only read by the static method."""
+    quantize_pt2e = _torchao()
+    batches = [torch.from_numpy(np.ascontiguousarray(b, dtype=np.float32)) for b in calibration]
+    graph = torch.export.export(model.eval(), (batches[0],), dynamic_shapes=BATCH).module()
+    prepared = quantize_pt2e.prepare_pt2e(graph, _quantizer(method, reduce_range, per_channel))
+    with torch.no_grad():
+        for batch in batches if method == "static" else batches[:1]:
+            prepared(batch)
+    return _save(quantize_pt2e.convert_pt2e(prepared), batches[0], stem)
