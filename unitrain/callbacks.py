@@ -27,11 +27,13 @@ class QuantizationReport(Callback):
     written as quantize.md in the sweep directory."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from unitrain.quantize_report import combined_markdown, results
+        from unitrain.quantize_report import combined_markdown, plot, results
 
         sweep_dir = Path(config.hydra.sweep.dir)
         found = results([sweep_dir])
         if found:
-            text = combined_markdown([report for _, report in found])
+            reports = [report for _, report in found]
+            text = combined_markdown(reports)
             (sweep_dir / "quantize.md").write_text(text + "\n")
+            plot([row for r in reports for row in r["rows"]], reports[0]["batches"], sweep_dir / "quantize.png")
             print(f"\n{text}\n\ntable: {sweep_dir / 'quantize.md'}", flush=True)

@@ -17,6 +17,7 @@ import html
 import json
 import statistics
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -385,7 +386,7 @@ def inference_results(dirs: Sequence[str | Path], warn=None) -> List[Tuple[Path,
     return found
 
 
-def write_html(path: Path, rows, env, warnings, images: List[Path], note: str = FOOTNOTE, inference=()) -> None:
+def write_html(path: Path, rows, env, warnings, images: List[Path], note: str = FOOTNOTE, inference=(), quantized=()) -> None:
     """One file with everything inlined (images as data URIs): opens in a browser, no server."""
     imgs = "".join(
         f'<figure><img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}"></figure>' for p in images
@@ -399,7 +400,8 @@ def write_html(path: Path, rows, env, warnings, images: List[Path], note: str = 
         "</style></head><body><h1>unitrain comparison</h1>"
         + (f"<div class='warn'><strong>Not a fair comparison:</strong><ul>{warn}</ul></div>" if warnings else "")
         + "<h2>Results</h2>" + _html_table(rows) + f"<p><small>{html.escape(note)}</small></p><h2>Plots</h2>" + imgs
-        + "".join(_inference_html(f, result) for f, result in inference) + "<h2>Environment</h2>" + _html_table(env)
+        + "".join(_inference_html(f, result) for f, result in inference) + _quantize_html(quantized)
+        + "<h2>Environment</h2>" + _html_table(env)
         + "</body></html>",
         encoding="utf-8",
     )  # fmt: skip
@@ -412,6 +414,20 @@ def _inference_html(file: Path, result: Dict[str, Any]) -> str:
     img = f'<figure><img alt="inference" src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"></figure>' if png.exists() else ""
     note = inference_markdown(result).rsplit("\n\n", 1)[-1]
     return f"<h2>Inference ({html.escape(str(file))})</h2>" + _html_table(inference_rows(result)) + f"<p><small>{html.escape(note)}</small></p>" + img
+
+
+def _quantize_html(quantized) -> str:
+    if not quantized:
+        return ""
+    from unitrain.quantize_report import combined_markdown, combined_rows, plot
+
+    reports = [report for _, report in quantized]
+    rows = combined_rows(reports)
+    with tempfile.TemporaryDirectory() as tmp:
+        png = plot([row for r in reports for row in r["rows"]], reports[0]["batches"], Path(tmp) / "quantize.png")
+        img = f'<figure><img alt="quantization" src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"></figure>'
+    note = combined_markdown(reports).split("\n\n", 1)[-1]
+    return "<h2>Quantization</h2>" + _html_table(rows) + f"<p><small>{html.escape(note)}</small></p>" + img
 
 
 def table(dirs: Sequence[str | Path], baseline: int = 0, target_loss: Optional[float] = None, target_accuracy: Optional[float] = None) -> str:
@@ -446,7 +462,7 @@ def write_report(
     if quantized:
         text += "\n\n## Quantization\n\n" + combined_markdown([report for _, report in quantized])
     (out / "comparison.md").write_text(text + "\n\n## Environment\n\n" + markdown(env) + "\n")
-    write_html(out / "report.html", rows, env, warnings, images, inference=inference)
+    write_html(out / "report.html", rows, env, warnings, images, inference=inference, quantized=quantized)
     return text
 
 

@@ -37,14 +37,14 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from unitrain import artifacts
+from unitrain.config import BackendConfig
 from unitrain.errors import ConfigError, UnitrainError
 from unitrain.machine import cpu
 from unitrain.onnx_quantize import quantize_onnx
-from unitrain.quantize_report import RESULT, markdown, table
+from unitrain.quantize_report import RESULT, markdown, plot, table
 
 log = logging.getLogger("unitrain")
 METHODS = ("dynamic", "static", "qat")
-FRAMEWORKS = ("paddle", "torch")
 
 
 @dataclass
@@ -59,8 +59,9 @@ class QatConfig:
 class QuantizeConfig:
     # A run directory (its latest checkpoint), a checkpoint directory, or latest.
     source: Optional[str] = None
-    # Framework whose toolkit quantizes the native artifact (default: the checkpoint's own).
-    backend: Optional[str] = None
+    # Framework whose toolkit quantizes the native artifact (default: the checkpoint's own): the
+    # training app's backend group, so that backend=torch,paddle sweeps as it does there.
+    backend: Optional[BackendConfig] = None
     method: str = "static"
     # Calibration batches (static, and ONNX Runtime's static row for qat); None: 32, or as many
     # as the training set holds.
@@ -86,8 +87,6 @@ class QuantizeConfig:
 def _validate(cfg) -> None:
     if cfg.method not in METHODS:
         raise ConfigError("method", cfg.method, f"one of {', '.join(METHODS)}")
-    if cfg.backend is not None and cfg.backend not in FRAMEWORKS:
-        raise ConfigError("backend", cfg.backend, f"one of {', '.join(FRAMEWORKS)}")
     for key in ("calib_batches", "calib_batch_size"):
         if cfg[key] is not None and cfg[key] < 1:
             raise ConfigError(key, cfg[key], "an integer >= 1")
@@ -149,7 +148,7 @@ def quantize(cfg, out_dir: Path) -> Dict[str, Any]:
     _validate(cfg)
     path = find_checkpoint(cfg.source, [Path.cwd() / "runs", Path.cwd() / "multirun"], key="source")
     meta = read_meta(path)
-    framework = cfg.backend or meta["framework"]
+    framework = cfg.backend.name if cfg.backend else meta["framework"]
     _preflight(framework, cfg.onnx)
     if (out_dir / RESULT).exists():
         raise UnitrainError(f"{out_dir} already holds {RESULT}; allowed: a new run directory (nothing is overwritten)")
@@ -215,6 +214,7 @@ def quantize(cfg, out_dir: Path) -> Dict[str, Any]:
     tmp.write_text(json.dumps(report, indent=2, default=str))
     os.replace(tmp, out_dir / RESULT)
     (out_dir / "quantize.md").write_text(markdown(report) + "\n")
+    plot(report["rows"], report["batches"], out_dir / "quantize.png")
     return report
 
 
@@ -224,7 +224,7 @@ def qat_job_config(job, cfg, framework: str, threads: int):
     qat = OmegaConf.merge(job, {})
     qat.backend.name = framework
     qat.amp.level = "O0"
-    qat.trainer.update(steps=cfg.qat.steps, epochs=1, checkpoint_every=0, eval_every=0, resume=None, repeats=1, threads=threads, loggers=[], progress=False)
+    qat.trainer.update(steps=cfg.qat.steps, epochs=1, checkpoint_every=0, eval_every=0, resume=None, repeats=1, threads=threads, loggers=[])
     qat.dist.nproc_per_node, qat.dist.nnodes = 1, 1
     qat.optim.update(lr=cfg.qat.lr if cfg.qat.lr is not None else job.optim.lr * 0.01, warmup_steps=0, schedule="constant")
     qat.profiler.mode = "timer"

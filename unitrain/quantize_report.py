@@ -64,8 +64,8 @@ def results(dirs) -> List[Tuple[Path, Dict[str, Any]]]:
     return found
 
 
-def combined_markdown(reports: List[Dict[str, Any]]) -> str:
-    """One table over several quantize runs (a multirun over methods and backends); an fp32
+def combined_rows(reports: List[Dict[str, Any]]) -> List[Dict[str, str]]:
+    """The table rows of several quantize runs (a multirun over methods and backends); an fp32
     row that several runs measured is shown once, from the first."""
     rows, seen = [], set()
     for report in reports:
@@ -74,7 +74,12 @@ def combined_markdown(reports: List[Dict[str, Any]]) -> str:
             if key not in seen:
                 seen.add(key)
                 rows.append(row)
-    return markdown(reports[0], rows) + f"\n\nRuns: {len(reports)} ({', '.join(sorted({r['framework'] + ' ' + r['method'] for r in reports}))})."
+    return rows
+
+
+def combined_markdown(reports: List[Dict[str, Any]]) -> str:
+    runs = ", ".join(sorted({r["framework"] + " " + r["method"] for r in reports}))
+    return markdown(reports[0], combined_rows(reports)) + f"\n\nRuns: {len(reports)} ({runs})."
 
 
 def table_markdown_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
@@ -118,3 +123,36 @@ def markdown(report: Dict[str, Any], rows: Optional[List[Dict[str, str]]] = None
         f"for every runtime. CPU: {c['model']}, extensions: {', '.join(c['extensions'] or []) or 'none of AVX2/AVX-512/VNNI/AMX/bf16'} "
         f"(int8 is fast with VNNI or AMX). `effective` is read from the kernels each runtime ran, not from the method."
     )
+
+
+def plot(rows: List[Dict[str, Any]], batches: List[int], path: Path) -> Path:
+    """Held-out top-1 against throughput at the largest batch, one point per artifact and
+    runtime; marker area by file size, filled where int8 kernels ran, hollow where not."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    large = str(max(batches))
+    colors = {"fp32": "#555555", "dynamic": "#1f77b4", "static": "#2ca02c", "qat": "#d62728"}
+    unique = {(r["framework"], r["precision"], r["runtime"], r["file"]): r for r in reversed(rows)}  # a sweep measures fp32 in every job
+    points = [r for r in unique.values() if r["top1"] is not None and large in r["latency"]]
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    biggest = max([r["bytes"] or 1 for r in points] or [1])
+    for r in points:
+        int8 = r["effective"].startswith("int8 kernels")
+        color = colors.get(r["precision"], "grey")
+        ax.scatter(r["latency"][large]["throughput_ips"], r["top1"], s=30 + 400 * (r["bytes"] or 0) / biggest,
+                   facecolors=color if int8 else "none", edgecolors=color, marker="o" if r["framework"] == "torch" else "s")  # fmt: skip
+        ax.annotate(f"{r['framework']} {r['runtime'].split(' (')[0]}", (r["latency"][large]["throughput_ips"], r["top1"]), fontsize=6,
+                    xytext=(4, 2), textcoords="offset points")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xlabel(f"throughput at batch {large} (images/s, log scale)")
+    ax.set_ylabel("held-out top-1")
+    handles = [plt.Line2D([], [], marker="o", ls="", color=c, label=m) for m, c in colors.items()]
+    ax.legend(handles=handles, title="method", fontsize=8)
+    ax.set_title("quantization: colour = method, circle torch / square paddle, area = file size, filled = int8 kernels ran", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
