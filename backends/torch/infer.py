@@ -13,9 +13,9 @@ from unitrain.infer import Runtime
 
 
 #: Graph operators of a quantized ExportedProgram (torchao's PT2E): activation quantization,
-#: weight dequantization; and the float conv/linear they feed.
-QUANTIZE = ("quantize_per_tensor",)
-DEQUANTIZE = ("dequantize_per_channel", "dequantize_per_tensor")
+#: weight dequantization (int8 weights are per channel); and the float conv/linear they feed.
+QUANTIZE = "quantize_per_tensor"
+WEIGHT_DEQUANTIZE = "dequantize_per_channel"
 FLOAT = ("aten.conv2d", "aten.linear", "aten.convolution", "aten.addmm")
 
 
@@ -41,10 +41,9 @@ def _graph_counts(module) -> Dict[str, int]:
     targets = [str(n.target) for n in module.graph.nodes if n.op == "call_function"]
     # Without integer kernels in eager mode: dequantized weights feed float conv/linear, and
     # quantize-dequantize pairs on activations only simulate int8.
-    is_quantize = [t for t in targets if any(q in t for q in QUANTIZE)]
     return {
-        "int8": 0, "float": sum(any(f in t for f in FLOAT) for t in targets), "quantize": len(is_quantize),
-        "dequantize": sum("dequantize_per_channel" in t for t in targets),
+        "int8": 0, "float": sum(any(f in t for f in FLOAT) for t in targets), "quantize": sum(QUANTIZE in t for t in targets),
+        "dequantize": sum(WEIGHT_DEQUANTIZE in t for t in targets),
     }  # fmt: skip
 
 
