@@ -26,14 +26,15 @@ class CliResult:
         return [r for r in map(json.loads, (self.run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
-def run_unitrain(args: List[str], tmp_path: Path, module: str = "unitrain", timeout: int = 300) -> CliResult:
-    """Run ``python -m unitrain`` as a user would, from outside the source tree, into tmp_path."""
+def run_unitrain(args: List[str], tmp_path: Path, module: str = "unitrain", timeout: int = 300, python: str | None = None) -> CliResult:
+    """Run ``python -m unitrain`` as a user would, from outside the source tree, into tmp_path
+    (``python``: another environment's interpreter, e.g. the parameter-server one)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     run_dir = tmp_path / "run"
     hydra_dirs = [f"hydra.run.dir={run_dir}", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", module, *args, *hydra_dirs],
+        [python or sys.executable, "-m", module, *args, *hydra_dirs],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
     )  # fmt: skip
     return CliResult(proc, run_dir)

@@ -29,12 +29,21 @@ def test_required_groups_and_options_exist():
         assert options[group], group
 
 
+PS_ONLY = {"wide_deep", "criteo", "criteo_synthetic", "sgd", "adagrad", "ps", "wide_deep_ps"}
+
+
 @pytest.mark.parametrize(
     "group,option",
     [(g, o) for g, opts in group_options().items() for o in opts],
 )
 def test_every_option_composes_and_validates(group, option, tmp_path):
     extra = [f"data.path={tmp_path}"] if option == "imagefolder" else []
+    if option in PS_ONLY:
+        # The parameter-server job's options: valid within that job.
+        extra.append("experiment=wide_deep_ps")
+    if option == "criteo":
+        (tmp_path / "train.txt").write_text("0" + "\t" * 39 + "\n")
+        extra.append(f"data.path={tmp_path / 'train.txt'}")
     cfg = make(f"{group}={option}", *extra)
     validate(cfg)
     if group in ("backend", "model", "data"):

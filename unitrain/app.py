@@ -18,7 +18,7 @@ from unitrain import preflight
 from unitrain.compare import table, write_report
 from unitrain.config import register_configs, validate
 from unitrain.errors import NothingLeftToRun, Stopped, UnitrainError
-from unitrain.launch import launch, run_isolated
+from unitrain.launch import launch, launch_ps, run_isolated
 from unitrain.trainer import train
 
 register_configs()
@@ -33,7 +33,9 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         signal.signal(sig, _raise_stopped)
     try:
         validate(cfg)
-        if cfg.dist.nproc_per_node * cfg.dist.nnodes > 1:
+        if cfg.dist.mode == "ps":
+            job = launch_ps
+        elif cfg.dist.nproc_per_node * cfg.dist.nnodes > 1:
             job = launch
         elif HydraConfig.get().mode.name == "MULTIRUN" or cfg.trainer.repeats > 1:
             job = run_isolated

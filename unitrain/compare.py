@@ -135,6 +135,14 @@ def _read_run(summary_file: Path) -> Run:
     )
 
 
+def _is_ps(summary_file: Path) -> bool:
+    try:
+        summary = json.loads(summary_file.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(summary, dict) and summary.get("kind") == "ps"
+
+
 def load_runs(dirs: Sequence[str | Path], warn=None) -> List[Run]:
     """Every run in the given run, multirun or repeat directories, each once. A run whose
     results are garbled or incomplete is skipped with a one-line warning naming its file."""
@@ -145,6 +153,8 @@ def load_runs(dirs: Sequence[str | Path], warn=None) -> List[Run]:
         if not files:
             raise FileNotFoundError(f"no summary.json in {d} or below it: not a unitrain run or multirun directory")
         for f in files:
+            if _is_ps(f):
+                continue  # parameter-server jobs have their own table (ps_report)
             try:
                 found[f.parent.resolve()] = _read_run(f)
             except (UnusableRun, OSError, yaml.YAMLError) as err:
@@ -386,7 +396,7 @@ def inference_results(dirs: Sequence[str | Path], warn=None) -> List[Tuple[Path,
     return found
 
 
-def write_html(path: Path, rows, env, warnings, images: List[Path], note: str = FOOTNOTE, inference=(), quantized=()) -> None:
+def write_html(path: Path, rows, env, warnings, images: List[Path], note: str = FOOTNOTE, inference=(), quantized=(), ps_found=()) -> None:
     """One file with everything inlined (images as data URIs): opens in a browser, no server."""
     imgs = "".join(
         f'<figure><img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}"></figure>' for p in images
@@ -399,12 +409,21 @@ def write_html(path: Path, rows, env, warnings, images: List[Path], note: str = 
         ".warn{background:#fff4e5;border-left:4px solid #f0a020;padding:.5em 1em}img{max-width:100%}"
         "</style></head><body><h1>unitrain comparison</h1>"
         + (f"<div class='warn'><strong>Not a fair comparison:</strong><ul>{warn}</ul></div>" if warnings else "")
-        + "<h2>Results</h2>" + _html_table(rows) + f"<p><small>{html.escape(note)}</small></p><h2>Plots</h2>" + imgs
+        + ("<h2>Results</h2>" + _html_table(rows) + f"<p><small>{html.escape(note)}</small></p>" if rows else "")
+        + _ps_html(ps_found) + "<h2>Plots</h2>" + imgs
         + "".join(_inference_html(f, result) for f, result in inference) + _quantize_html(quantized)
         + "<h2>Environment</h2>" + _html_table(env)
         + "</body></html>",
         encoding="utf-8",
     )  # fmt: skip
+
+
+def _ps_html(ps_found) -> str:
+    if not ps_found:
+        return ""
+    from unitrain.ps_report import NOTE, rows
+
+    return "<h2>Parameter server</h2>" + _html_table(rows(ps_found)) + f"<p><small>{html.escape(NOTE)}</small></p>"
 
 
 def _inference_html(file: Path, result: Dict[str, Any]) -> str:
@@ -430,9 +449,24 @@ def _quantize_html(quantized) -> str:
     return "<h2>Quantization</h2>" + _html_table(rows) + f"<p><small>{html.escape(note)}</small></p>" + img
 
 
+def _training_runs(dirs: Sequence[str | Path], ps_found) -> List[Run]:
+    """The training runs; none is fine when the directories hold parameter-server jobs."""
+    try:
+        return load_runs(dirs)
+    except FileNotFoundError:
+        if ps_found:
+            return []
+        raise
+
+
 def table(dirs: Sequence[str | Path], baseline: int = 0, target_loss: Optional[float] = None, target_accuracy: Optional[float] = None) -> str:
     """The comparison table alone (no plots): what a single run prints at its end."""
-    return markdown(table_rows(group_repeats(load_runs(dirs)), baseline, target_loss, target_accuracy)) + "\n\n" + FOOTNOTE
+    from unitrain import ps_report
+
+    ps_found = ps_report.results(dirs)
+    runs = _training_runs(dirs, ps_found)
+    parts = [markdown(table_rows(group_repeats(runs), baseline, target_loss, target_accuracy)) + "\n\n" + FOOTNOTE] if runs else []
+    return "\n\n".join(parts + ([ps_report.markdown(ps_found)] if ps_found else []))
 
 
 def write_report(
@@ -440,15 +474,22 @@ def write_report(
     target_accuracy: Optional[float] = None,
 ) -> str:
     """Write comparison.md, the plots and report.html into ``out``; return the Markdown."""
-    runs = load_runs(dirs)
+    from unitrain import ps_report
+
+    ps_found = ps_report.results(dirs)
+    runs = _training_runs(dirs, ps_found)
     out = Path(out or dirs[0])
     out.mkdir(parents=True, exist_ok=True)
     groups = group_repeats(runs)
-    if not 0 <= baseline < len(groups):
+    if runs and not 0 <= baseline < len(groups):
         raise ValueError(f"--baseline {baseline} is out of range: there are {len(groups)} rows (0..{len(groups) - 1})")
-    rows, env, warnings = table_rows(groups, baseline, target_loss, target_accuracy), environment(runs), fairness_warnings(runs)
-    images = plot(groups, out)
-    text = markdown(rows) + "\n\n" + FOOTNOTE
+    rows = table_rows(groups, baseline, target_loss, target_accuracy) if runs else []
+    env, warnings = environment(runs), fairness_warnings(runs)
+    images = plot(groups, out) if runs else []
+    text = markdown(rows) + "\n\n" + FOOTNOTE if runs else ""
+    if ps_found:
+        text = (text + "\n\n## Parameter server\n\n" if text else "") + ps_report.markdown(ps_found)
+        images.append(ps_report.plot(ps_found, out / "ps.png"))
     if warnings:
         text += "\n\nWARNING: " + "\nWARNING: ".join(warnings)
     inference = inference_results(dirs)
@@ -462,7 +503,7 @@ def write_report(
     if quantized:
         text += "\n\n## Quantization\n\n" + combined_markdown([report for _, report in quantized])
     (out / "comparison.md").write_text(text + "\n\n## Environment\n\n" + markdown(env) + "\n")
-    write_html(out / "report.html", rows, env, warnings, images, inference=inference, quantized=quantized)
+    write_html(out / "report.html", rows, env, warnings, images, inference=inference, quantized=quantized, ps_found=ps_found)
     return text
 
 

@@ -30,6 +30,12 @@ PROFILER_MODES = ("off", "timer", "trace")
 SAMPLER_REMAINDERS = ("pad", "drop")
 SAMPLER_ORDERS = ("global", "shard")
 DATASET_NAMES = ("synthetic", "learnable", "imagefolder", "fashion_mnist")
+# dist.mode=ps trains a click-through model on Criteo-format rows (unitrain.ps).
+PS_MODELS = ("wide_deep",)
+PS_DATASETS = ("criteo", "criteo_synthetic")
+PS_OPTIMIZERS = ("sgd", "adagrad")
+DIST_MODES = ("collective", "ps")
+PS_SYNC_MODES = ("sync", "async", "geo")
 LOGGERS = ("tensorboard", "visualdl")
 NONFINITE_POLICIES = ("stop", "warn")
 
@@ -72,6 +78,12 @@ class ModelConfig:
     # BatchNorm uses its running statistics and does not update them (its scale and shift still
     # train): the results then do not depend on how a batch is split across devices.
     freeze_bn: bool = False
+    # model=wide_deep only: ids are hashed into this many rows of one table shared by the 26
+    # slots (a width-1 "wide" table and an embedding_dim "deep" one, both on the servers),
+    # and the deep tower's hidden layers.
+    sparse_buckets: int = 100_000
+    embedding_dim: int = 8
+    hidden_layers: List[int] = field(default_factory=lambda: [400, 400, 400])
 
 
 @dataclass
@@ -79,9 +91,12 @@ class DataConfig:
     name: str = MISSING
     image_size: int = 32
     num_classes: int = 10
-    # Synthetic sets only; None sizes them to exactly trainer.steps batches per epoch.
+    # Synthetic sets: None sizes them to exactly trainer.steps batches per epoch (criteo_synthetic:
+    # 20,000 rows). criteo: the first num_samples rows of the file train (None: all but the
+    # held-out rows), the val_samples rows after them are held out.
     num_samples: Optional[int] = None
-    # imagefolder only: a directory with one sub-directory of images per class.
+    # imagefolder: a directory with one sub-directory of images per class; fashion_mnist: the
+    # directory of its four IDX files; criteo: a Criteo TSV file (label, I1..I13, C1..C26).
     path: Optional[str] = None
     num_workers: int = 0
     # Synthetic sets only: seconds of simulated decoding per sample, to study input pipelines.
@@ -161,7 +176,23 @@ class TrainerConfig:
 
 
 @dataclass
+class PsConfig:
+    # Processes that hold the parameters; 0 trains in one process without servers (the baseline).
+    servers: int = 1
+    trainers: int = 2
+    # sync: each step applies all trainers' gradients together; async: each trainer's as they
+    # arrive; geo (Paddle only): trainers train their own copy and send the change every
+    # geo_k_steps steps.
+    sync: str = "sync"
+    geo_k_steps: int = 100
+
+
+@dataclass
 class DistConfig:
+    # collective: every worker holds the model (data parallel); ps: parameter servers hold it
+    # and trainers push gradients and pull parameters (model=wide_deep, data=criteo*).
+    mode: str = "collective"
+    ps: PsConfig = field(default_factory=PsConfig)
     nproc_per_node: int = 1
     nnodes: int = 1
     node_rank: int = 0
@@ -215,6 +246,36 @@ def _positive(key: str, value: Any) -> None:
         raise ConfigError(key, value, "a finite number > 0")
 
 
+def _validate_ps(cfg: UnitrainConfig | Any) -> None:
+    ps = cfg.dist.ps
+    if cfg.model.name not in PS_MODELS:
+        raise ConfigError("model", cfg.model.name, f"{' or '.join(PS_MODELS)} with dist.mode=ps (the ResNets train with dist.mode=collective)")
+    if cfg.data.name not in PS_DATASETS:
+        raise ConfigError("data", cfg.data.name, f"one of {', '.join(PS_DATASETS)} with dist.mode=ps")
+    _one_of("optim.name", cfg.optim.name, PS_OPTIMIZERS)
+    if cfg.dist.nproc_per_node != 1 or cfg.dist.nnodes != 1:
+        raise ConfigError("dist.nproc_per_node", cfg.dist.nproc_per_node, "1 with dist.mode=ps (dist.ps.servers and dist.ps.trainers size the job, on one node)")
+    if ps.servers < 0:
+        raise ConfigError("dist.ps.servers", ps.servers, "an integer >= 0 (0: one process without servers)")
+    _positive("dist.ps.trainers", ps.trainers)
+    if ps.servers == 0 and ps.trainers != 1:
+        raise ConfigError("dist.ps.trainers", ps.trainers, "1 with dist.ps.servers=0 (trainers share parameters through servers)")
+    _one_of("dist.ps.sync", ps.sync, PS_SYNC_MODES)
+    if ps.sync == "geo" and cfg.backend.name == "torch":
+        raise ConfigError("dist.ps.sync", "geo", "sync or async with backend=torch (geo-SGD is Paddle's; torch.distributed.rpc has no counterpart)")
+    _positive("dist.ps.geo_k_steps", ps.geo_k_steps)
+    if cfg.amp.level != "O0":
+        raise ConfigError("amp", cfg.amp.level, "O0 with dist.mode=ps (parameter-server jobs train in float32)")
+    if cfg.trainer.accumulate_steps != 1:
+        raise ConfigError("trainer.accumulate_steps", cfg.trainer.accumulate_steps, "1 with dist.mode=ps")
+    _positive("model.sparse_buckets", cfg.model.sparse_buckets)
+    _positive("model.embedding_dim", cfg.model.embedding_dim)
+    for width in cfg.model.hidden_layers:
+        _positive("model.hidden_layers", width)
+    if cfg.data.name == "criteo" and not (cfg.data.path and os.path.isfile(cfg.data.path)):
+        raise ConfigError("data.path", cfg.data.path, "an existing Criteo TSV file (label, I1..I13, C1..C26 per line) with data=criteo")
+
+
 def validate(cfg: UnitrainConfig | Any) -> None:
     """Reject values that are well-typed but meaningless, naming the key and what is allowed."""
     _one_of("backend.device", cfg.backend.device, DEVICES)
@@ -230,9 +291,9 @@ def validate(cfg: UnitrainConfig | Any) -> None:
         raise ConfigError("amp.decr_ratio", cfg.amp.decr_ratio, "a number in (0, 1)")
     _positive("amp.incr_every_n_steps", cfg.amp.incr_every_n_steps)
     _positive("amp.decr_every_n_nan_or_inf", cfg.amp.decr_every_n_nan_or_inf)
-    _one_of("model.name", cfg.model.name, MODELS.names())
+    _one_of("model.name", cfg.model.name, MODELS.names() + list(PS_MODELS))
     _one_of("model.init", cfg.model.init, ("framework", "shared"))
-    _one_of("data.name", cfg.data.name, DATASET_NAMES)
+    _one_of("data.name", cfg.data.name, DATASET_NAMES + PS_DATASETS)
     _positive("data.image_size", cfg.data.image_size)
     if cfg.data.num_classes < 2:
         raise ConfigError("data.num_classes", cfg.data.num_classes, "an integer >= 2 (a classifier needs two classes)")
@@ -248,7 +309,15 @@ def validate(cfg: UnitrainConfig | Any) -> None:
             raise ConfigError("data.path", cfg.data.path, "a directory of class sub-directories (data=imagefolder)")
         if not os.path.isdir(cfg.data.path):
             raise ConfigError("data.path", cfg.data.path, "an existing directory of class sub-directories")
-    _one_of("optim.name", cfg.optim.name, ("momentum",))
+    _one_of("dist.mode", cfg.dist.mode, DIST_MODES)
+    if cfg.dist.mode == "ps":
+        _validate_ps(cfg)
+    else:
+        if cfg.model.name in PS_MODELS:
+            raise ConfigError("model", cfg.model.name, f"one of {', '.join(MODELS.names())} with dist.mode=collective ({cfg.model.name} trains with dist.mode=ps)")
+        if cfg.data.name in PS_DATASETS:
+            raise ConfigError("data", cfg.data.name, f"one of {', '.join(DATASET_NAMES)} with dist.mode=collective ({cfg.data.name} is for dist.mode=ps)")
+        _one_of("optim.name", cfg.optim.name, ("momentum",))
     _positive("optim.lr", cfg.optim.lr)
     if not 0 <= cfg.optim.momentum < 1:  # also false for nan
         raise ConfigError("optim.momentum", cfg.optim.momentum, "a number in [0, 1)")

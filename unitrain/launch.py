@@ -109,20 +109,32 @@ class Launcher(ABC):
     #: Whether the launcher gives up on a rendezvous after dist.timeout_s by itself.
     times_out_rendezvous: bool
 
+    #: Variables the framework needs set before it loads, in parameter-server mode.
+    ps_env: Dict[str, str] = {}
+
     @abstractmethod
     def options(self, dist: DistConfig, run_dir: Path) -> List[str]: ...
+
+    @abstractmethod
+    def ps_options(self, dist: DistConfig, run_dir: Path) -> List[str]:
+        """The launcher's options for dist.ps.servers servers and dist.ps.trainers trainers."""
 
     def known_failure(self, dist: DistConfig, launcher_log: str, worker_logs: List[str], started: bool) -> Optional[UnitrainError]:
         """A failure of the launcher's own (rendezvous, port) said in one line, or None. ``started``:
         whether any worker reported (the launcher's rendezvous comes before its first worker)."""
         return None
 
-    def command(self, dist: DistConfig, run_dir: Path, config_file: Path) -> List[str]:
+    def command(self, dist: DistConfig, run_dir: Path, config_file: Path, backend: str = "") -> List[str]:
         worker_args = ["--config", str(config_file), "--run-dir", str(run_dir)] + main_process_args()
         worker_args += ["--rank-env", self.rank_env, "--local-rank-env", self.local_rank_env]
         if not self.writes_workerlogs:
             worker_args.append("--workerlog")
-        return [sys.executable, "-m", self.module, *self.options(dist, run_dir), str(WORKER_SCRIPT), *worker_args]
+        if dist.mode == "ps":
+            worker_args += ["--ps", backend, str(dist.ps.servers), str(dist.ps.trainers)]
+            options = self.ps_options(dist, run_dir)
+        else:
+            options = self.options(dist, run_dir)
+        return [sys.executable, "-m", self.module, *options, str(WORKER_SCRIPT), *worker_args]
 
 
 class PaddleLauncher(Launcher):
@@ -143,6 +155,15 @@ class PaddleLauncher(Launcher):
             # port; with --ips and --start_port the store (PADDLE_MASTER) is <ips>:<start_port>.
             opts += ["--ips", dist.master_addr, "--start_port", str(dist.master_port)]
         return opts
+
+    # Parameter-server mode is static graph only, and Paddle's sparse tables fail under PIR.
+    ps_env = {"FLAGS_enable_pir_api": "0"}
+
+    def ps_options(self, dist: DistConfig, run_dir: Path) -> List[str]:
+        # --server_num/--trainer_num select the parameter-server controller (--worker_num would
+        # silently fall back to the legacy launcher); it writes serverlog.N and workerlog.N.
+        opts = ["--server_num", str(dist.ps.servers), "--trainer_num", str(dist.ps.trainers), "--log_dir", str(run_dir)]
+        return opts + ["--max_restart", "0"]
 
     def known_failure(self, dist: DistConfig, launcher_log: str, worker_logs: List[str], started: bool) -> Optional[UnitrainError]:
         # Rank 0 creates the store on the master port; a busy one aborts it in libuv.
@@ -169,6 +190,12 @@ class TorchLauncher(Launcher):
             opts += ["--rdzv-conf", f"timeout={math.ceil(dist.timeout_s)}"]
         return opts
 
+    def ps_options(self, dist: DistConfig, run_dir: Path) -> List[str]:
+        # Servers and trainers are all torchrun's workers: the first dist.ps.servers ranks serve.
+        port = dist.master_port or free_port()
+        opts = ["--nproc_per_node", str(dist.ps.servers + dist.ps.trainers), "--nnodes", "1"]
+        return opts + ["--master_addr", dist.master_addr, "--master_port", str(port), "--max_restarts", "0"]
+
     def known_failure(self, dist: DistConfig, launcher_log: str, worker_logs: List[str], started: bool) -> Optional[UnitrainError]:
         if started:
             return None
@@ -192,7 +219,8 @@ class LogFollower:
     lines of its own (tables); a line that starts any other record ends it."""
 
     OWN = re.compile(r"^(\[[0-9-]+ [0-9:,]+\]\[unitrain\]|unitrain(\.\w+)?: )")
-    FOREIGN = re.compile(r"^(\[?\d{4}-\d\d-\d\d[ ,]|[IWEF]\d{4} |\S+\.py:\d+: \w*Warning|LAUNCH|Traceback|\*\*\*)")
+    # torchrun prefixes a failed worker's traceback with "[rank<r>]:".
+    FOREIGN = re.compile(r"^(\[?\d{4}-\d\d-\d\d[ ,]|[IWEF]\d{4} |\S+\.py:\d+: \w*Warning|LAUNCH|Traceback|\*\*\*|\[rank\d+\]:)")
 
     def __init__(self, path: Path, prefix: str):
         self.path, self.prefix, self.offset, self.partial = path, prefix, 0, ""
@@ -309,9 +337,17 @@ def _tail(path: Path) -> str:
     return "\n".join(f"    {line}" for line in _last_lines(path)) if path.exists() else f"(no {path.name})"
 
 
+def _log_of(status: Dict[str, Any]) -> str:
+    return status.get("log") or f"workerlog.{status['local_rank']}"
+
+
+def _name_of(status: Dict[str, Any]) -> str:
+    return status.get("name") or f"rank {status['rank']}"
+
+
 def _lost_a_peer(run_dir: Path, status: Dict[str, Any]) -> bool:
     # Far enough back to get past a C++ stack dump printed after the error.
-    text = status.get("error", "") + "\n".join(_last_lines(run_dir / f"workerlog.{status['local_rank']}", 400))
+    text = status.get("error", "") + "\n".join(_last_lines(run_dir / _log_of(status), 400))
     return any(marker in text for marker in PEER_LOSS_MARKERS)
 
 
@@ -339,7 +375,7 @@ def diagnose(
     statuses = worker_statuses(run_dir)
     if dist is not None:
         read = lambda p: p.read_text(encoding="utf-8", errors="replace") if p.exists() else ""  # noqa: E731
-        worker_logs = [read(run_dir / f"workerlog.{i}") for i in range(dist.nproc_per_node)]
+        worker_logs = [read(run_dir / f"workerlog.{i}") for i in range(dist.ps.trainers if dist.mode == "ps" else dist.nproc_per_node)]
         known = launcher.known_failure(dist, read(run_dir / "launcher.log"), worker_logs, bool(statuses))
         if known is not None:
             return known
@@ -370,21 +406,26 @@ def diagnose(
     lines = []
     for s in culprits:
         why = f"failed: {s['error']}" if s["status"] == "failed" else "stopped without reporting (killed by a signal?)"
-        lines.append(f"rank {s['rank']} {why}")
+        lines.append(f"{_name_of(s)} {why}")
+    plural = lambda names: ", ".join(names) if any(not n.startswith("rank ") for n in names) else "rank(s) " + ", ".join(n[5:] for n in names)  # noqa: E731
     if followers:
-        lines.append(f"rank(s) {', '.join(map(str, followers))} then lost the connection to it")
+        lines.append(f"{plural([_name_of(s) for s in ended if s['rank'] in followers])} then lost the connection to it")
     if stopped:
-        lines.append(f"rank(s) {', '.join(map(str, stopped))} were then stopped by the launcher")
+        lines.append(f"{plural([_name_of(s) for s in statuses if s['rank'] in stopped])} were then stopped by the launcher")
     if after:
-        lines.append(f"rank(s) {', '.join(str(s['rank']) for s in after)} ended after it (the launcher stops the others when one fails)")
-    worst = run_dir / f"workerlog.{culprits[0]['local_rank']}"
+        lines.append(f"{plural([_name_of(s) for s in after])} ended after it (the launcher stops the others when one fails)")
+    worst = run_dir / _log_of(culprits[0])
     return WorkerFailedError(f"{'; '.join(lines)}; {launcher.module} exited with code {returncode}\nlast lines of {worst}:\n{_tail(worst)}")
+
+
+def processes_per_node(cfg: UnitrainConfig) -> int:
+    return max(1, cfg.dist.ps.servers + cfg.dist.ps.trainers) if cfg.dist.mode == "ps" else cfg.dist.nproc_per_node
 
 
 def write_worker_config(cfg: UnitrainConfig, run_dir: Path) -> Path:
     """The resolved config the workers load (threads resolved to each worker's share)."""
     worker_cfg = OmegaConf.to_container(cfg, resolve=True)
-    worker_cfg["trainer"]["threads"] = resolve_threads(cfg.trainer.threads, cfg.dist.nproc_per_node)
+    worker_cfg["trainer"]["threads"] = resolve_threads(cfg.trainer.threads, processes_per_node(cfg))
     config_file = run_dir / "worker_config.yaml"
     OmegaConf.save(OmegaConf.create(worker_cfg), config_file)
     return config_file
@@ -446,10 +487,17 @@ def launch(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]
     check_before_launch(cfg)
     config_file = write_worker_config(cfg, run_dir)
 
-    command = launcher.command(cfg.dist, run_dir, config_file)
+    command = launcher.command(cfg.dist, run_dir, config_file, cfg.backend.name)
     log.info("launching %d worker(s) on this node: %s", cfg.dist.nproc_per_node, shlex.join(command))
     # This node's first worker: rank 0 of the job on node 0.
     follower = LogFollower(run_dir / "workerlog.0", f"[rank {cfg.dist.node_rank * cfg.dist.nproc_per_node}] ")
+    supervise(cfg, run_dir, launcher, command, follower)
+    return _finished(run_dir)
+
+
+def supervise(cfg: UnitrainConfig, run_dir: Path, launcher: Launcher, command: List[str], follower: LogFollower, env: Optional[Dict[str, str]] = None) -> None:
+    """Run the framework's launcher to its end, echoing ``follower``'s log; then stop whatever
+    of the job is left, and raise naming the process that failed, if one did."""
     waiting = cfg.dist.nnodes > 1
     if waiting:
         log.info("waiting up to %gs (dist.timeout_s) for all %d nodes to join at %s:%s", cfg.dist.timeout_s, cfg.dist.nnodes,
@@ -462,7 +510,8 @@ def launch(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]
         # A session of its own, so that the whole tree can be ended whatever happens here; the
         # parent-death signal ends the launcher even when this process is killed outright.
         proc = subprocess.Popen(
-            command, stdout=launcher_log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=dies_with_this_process()
+            command, stdout=launcher_log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=dies_with_this_process(),
+            env={**os.environ, **env} if env else None,
         )  # fmt: skip
         try:
             # Not proc.poll(): that would reap the launcher before its group is stopped.
@@ -482,4 +531,37 @@ def launch(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]
             stop_everything(proc, run_dir)
     if proc.returncode != 0:
         raise diagnose(run_dir, launcher, proc.returncode, cfg.dist, deaths.gone)
-    return _finished(run_dir)
+
+
+def ps_engine_problem(cfg: UnitrainConfig, launcher: Launcher) -> Optional[str]:
+    """Why the installed framework cannot run a parameter-server job, asked of the backend's ps
+    module in a child process (this one imports no framework), or None."""
+    probe = f"import unitrain.backends.{cfg.backend.name}.ps as m; print(m.engine_problem() or '')"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env={**os.environ, **launcher.ps_env})
+    if done.returncode != 0:
+        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
+        return f"backend={cfg.backend.name} could not be loaded for a parameter-server job: {tail}"
+    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else None
+
+
+def launch_ps(cfg: UnitrainConfig, run_dir: str | Path) -> Dict[str, Any]:
+    """Run a parameter-server job (dist.mode=ps) through the framework's launcher, or, with
+    dist.ps.servers=0, its one process directly; returns the job's summary."""
+    from unitrain import ps
+
+    run_dir = Path(run_dir).resolve()
+    launcher = LAUNCHERS.get(cfg.backend.name)
+    problem = ps_engine_problem(cfg, launcher)
+    if problem:
+        raise UnitrainError(problem)
+    config_file = write_worker_config(cfg, run_dir)
+    if cfg.dist.ps.servers:
+        command = launcher.command(cfg.dist, run_dir, config_file, cfg.backend.name)
+        log.info("launching %d server(s) and %d trainer(s): %s", cfg.dist.ps.servers, cfg.dist.ps.trainers, shlex.join(command))
+    else:
+        command = [sys.executable, str(WORKER_SCRIPT), "--config", str(config_file), "--run-dir", str(run_dir), *main_process_args()]
+        command += ["--rank-env", "RANK", "--local-rank-env", "LOCAL_RANK", "--workerlog", "--ps", cfg.backend.name, "0", "1"]
+    follower = LogFollower(run_dir / "workerlog.0", "[trainer 0] ")
+    started = time.monotonic()
+    supervise(cfg, run_dir, launcher, command, follower, env=launcher.ps_env)
+    return ps.summarize(cfg, run_dir, time.monotonic() - started)

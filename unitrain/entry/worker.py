@@ -48,14 +48,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--main-pid", type=int, help="the unitrain process this job belongs to: the worker ends when it is gone")
     parser.add_argument("--main-start", help="its start time (/proc/<pid>/stat field 22), so that a reused pid does not count")
     parser.add_argument("--workerlog", action="store_true", help="send this process's output to <run-dir>/workerlog.<local rank>")
+    parser.add_argument("--ps", nargs=3, metavar=("BACKEND", "SERVERS", "TRAINERS"), help="a parameter-server job: this process serves or trains")
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
     rank, local_rank = int(os.environ.get(args.rank_env, "0")), int(os.environ.get(args.local_rank_env, "0"))
-    status = functools.partial(_status, run_dir, rank, local_rank)
+    # Numbered by rank on this node, as paddle.distributed.launch numbers its logs.
+    log_name, role = f"workerlog.{local_rank}", None
+    if args.ps:
+        from unitrain.ps import role_from_env
+
+        role = role_from_env(args.ps[0], os.environ, int(args.ps[1]), int(args.ps[2]))
+        rank = local_rank = role.rank
+        log_name = role.log_file
+    named = {"name": role.name, "log": role.log_file} if role else {}
+    status = functools.partial(_status, run_dir, rank, local_rank, **named)
 
     if args.workerlog:
-        # Numbered by rank on this node, as paddle.distributed.launch numbers its logs.
-        log_file = open(run_dir / f"workerlog.{local_rank}", "a", buffering=1)
+        log_file = open(run_dir / log_name, "a", buffering=1)
         os.dup2(log_file.fileno(), 1)
         os.dup2(log_file.fileno(), 2)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s", stream=sys.stdout, force=True)
@@ -97,12 +106,18 @@ def main(argv: list[str] | None = None) -> int:
         from unitrain.trainer import train
 
         cfg = OmegaConf.merge(OmegaConf.structured(UnitrainConfig), OmegaConf.load(args.config))
-        export_threads(resolve_threads(cfg.trainer.threads, cfg.dist.nproc_per_node))
+        processes = cfg.dist.ps.servers + cfg.dist.ps.trainers if role else cfg.dist.nproc_per_node
+        export_threads(resolve_threads(cfg.trainer.threads, max(1, processes)))
         get_backend(cfg.backend.name)
         # Importing paddle installs its own C++ SIGTERM handler, which dumps a stack and never
         # records that the launcher stopped this rank: take the signal back.
         signal.signal(signal.SIGTERM, on_sigterm)
-        train(cfg, run_dir)
+        if role:
+            from unitrain.ps import run_process
+
+            run_process(cfg, run_dir, role)
+        else:
+            train(cfg, run_dir)
     except NothingLeftToRun as err:
         print(f"unitrain: {err}", flush=True)
         status(status="done", nothing_left=str(err))

@@ -1,0 +1,191 @@
+"""Parameter-server training (dist.mode=ps): the Criteo data, the metrics, and real jobs on
+torch.distributed.rpc and (in the environment `make ps-env` builds) Paddle Fleet's servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from conftest import run_unitrain
+from unitrain import criteo
+from unitrain.errors import ConfigError, UnitrainError
+
+ROOT = Path(__file__).resolve().parents[1]
+PS_PYTHON = ROOT / ".venv-ps" / "bin" / "python"
+# A few thousand rows: the job takes seconds, yet the model learns them. The held-out AUC of a
+# model that learned nothing is 0.5 +- 0.02 on 1,000 rows; the teacher behind the labels scores
+# 0.91 and its dense part alone 0.85; one pass over 3,000 rows reaches about 0.83 in one
+# process. 0.7 is far from chance and far below what the job reaches.
+SMALL = ["experiment=wide_deep_ps", "data.num_samples=3000", "data.val_samples=1000", "trainer.log_every=10"]
+MIN_AUC = 0.7
+
+
+def paddle_ps_python() -> str:
+    if not PS_PYTHON.exists():
+        pytest.skip(f"no {PS_PYTHON}: the parameter-server environment (paddlepaddle 3.1.0) is built by `make ps-env` (and `make test`)")
+    return str(PS_PYTHON)
+
+
+# --- data and metrics ---------------------------------------------------------------------------
+def test_category_ids_are_the_same_in_every_process():
+    # Python's hash() is salted per process: ids must not depend on it.
+    code = "from unitrain.criteo import synthetic; print(synthetic(50, 1, 1000).sparse.sum())"
+    sums = {
+        subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True, check=True).stdout
+        for seed in ("1", "2")
+    }
+    assert len(sums) == 1
+
+
+def test_synthetic_rows_depend_on_their_index_only_and_held_out_rows_differ():
+    many, few = criteo.synthetic_lines(criteo.BLOCK + 10, seed=3), criteo.synthetic_lines(20, seed=3)
+    assert many[:20] == few
+    held_out = criteo.synthetic_lines(20, seed=3, stream=criteo.HELD_OUT)
+    assert not set(held_out) & set(many)
+    rows = criteo.parse_lines(many, 1000)
+    assert rows.dense.shape == (len(many), 13) and rows.sparse.shape == (len(many), 26)
+    assert rows.sparse.min() >= 0 and rows.sparse.max() < 1000
+    assert 0.1 < rows.positive_rate < 0.6
+
+
+def test_criteo_rows_parse_and_bad_rows_get_one_line(tmp_path):
+    good = "1\t3\t\t0\t-1" + "\t" * 10 + "\t".join(["68fd1e64", ""] * 13)
+    rows = criteo.parse_lines([good], 100)
+    assert rows.label.tolist() == [1.0]
+    assert rows.dense[0, :4].tolist() == pytest.approx([np.log1p(3), 0.0, 0.0, 0.0])
+    assert rows.sparse[0, 0] == criteo.hash_value(0, "68fd1e64", 100)
+    # Empty values hash too, to one id per slot.
+    assert rows.sparse[0, 1] == criteo.hash_value(1, "", 100)
+    for bad, what in ((good + "\textra", "line 2 has 41 fields"), ("2" + good[1:], "line 2 has the label '2'"), ("1\tx" + good[3:], "not an integer")):
+        with pytest.raises(UnitrainError, match=what) as err:
+            criteo.parse_lines([good, bad], 100)
+        assert "line 2" in str(err.value) and "\n" not in str(err.value)
+    path = tmp_path / "train.txt"
+    path.write_text("\n".join([good] * 5) + "\n")
+    assert len(criteo.read_tsv(str(path), 100, skip=1, limit=3)) == 3
+    with pytest.raises(ConfigError, match="an existing Criteo TSV file"):
+        criteo.read_tsv(str(tmp_path / "missing.txt"), 100)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 5)), min_size=2, max_size=40))
+def test_auc_is_the_chance_a_positive_outscores_a_negative(pairs):
+    labels = np.array([p for p, _ in pairs])
+    scores = np.array([s for _, s in pairs], dtype=float)
+    pos, neg = scores[labels], scores[~labels]
+    if not len(pos) or not len(neg):
+        assert np.isnan(criteo.auc(labels, scores))
+        return
+    pairwise = ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()) / (len(pos) * len(neg))
+    assert criteo.auc(labels, scores) == pytest.approx(pairwise)
+
+
+def test_trainer_shards_are_disjoint_and_cover_every_row():
+    rows = criteo.synthetic(101, 0, 1000)
+    shards = [rows.shard(i, 3) for i in range(3)]
+    seen = np.concatenate([s.sparse for s in shards])
+    assert len(seen) == 101 and len({r.tobytes() for r in seen}) == len({r.tobytes() for r in rows.sparse})
+
+
+# --- bad input: one line, before anything starts ------------------------------------------------
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["backend=torch", "dist.ps.sync=geo"], "dist.ps.sync='geo' is not allowed: sync or async with backend=torch"),
+        (["backend=torch", "model=resnet18"], "model='resnet18' is not allowed: wide_deep with dist.mode=ps"),
+        (["backend=torch", "dist.ps.servers=0"], "dist.ps.trainers=2 is not allowed: 1 with dist.ps.servers=0"),
+        (["backend=torch", "data=criteo"], "data.path=None is not allowed: an existing Criteo TSV file"),
+    ],
+)
+def test_bad_parameter_server_settings_get_one_line(args, message, tmp_path):
+    result = run_unitrain([*SMALL, *args], tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"unitrain: error: {message}" + result.stderr.split(message, 1)[1].splitlines()[0]]
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_collective_jobs_refuse_the_parameter_server_model(tmp_path):
+    result = run_unitrain(["model=wide_deep", "backend=torch"], tmp_path)
+    assert result.returncode == 2 and "trains with dist.mode=ps" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+# --- real jobs ----------------------------------------------------------------------------------
+def _check_job(result, mode: str, servers: int, trainers: int) -> dict:
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = result.summary()
+    assert (summary["kind"], summary["mode"], summary["servers"], summary["trainers"]) == ("ps", mode, servers, trainers)
+    assert summary["eval"]["val_auc"] > MIN_AUC, summary["eval"]
+    assert summary["final_loss"] < summary["first_loss"]
+    assert len(summary["examples_per_s_per_trainer"]) == trainers and summary["examples_per_s"] > 0
+    for i in range(servers):
+        assert (result.run_dir / f"serverlog.{i}").exists()
+    for i in range(trainers if servers else 0):
+        assert (result.run_dir / f"workerlog.{i}").exists()
+    # The run prints its own row.
+    assert "held-out AUC" in result.stdout and f"| {summary['backend']} |" in result.stdout
+    return summary
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["local", "sync", "async"])
+def test_torch_job_trains_with_servers_and_without(mode, tmp_path):
+    layout = ["dist.ps.servers=0", "dist.ps.trainers=1"] if mode == "local" else [f"dist.ps.sync={mode}"]
+    summary = _check_job(run_unitrain([*SMALL, "backend=torch", *layout], tmp_path), mode, 0 if mode == "local" else 1, 1 if mode == "local" else 2)
+    if mode == "sync":
+        # Read back from the servers: every applied update held both trainers' gradients.
+        traffic = summary["observed"]["traffic"]
+        assert traffic["synchronous_updates"] == summary["steps"] and traffic["rows_pushed"] > 0
+
+
+def _kill_server_mid_job(args, tmp_path, python=None):
+    """Start a job, kill -9 its server once the trainers are training; return (result, seconds
+    from the kill to the job's end, processes of the job still alive)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen(
+        [python or sys.executable, "-m", "unitrain", *args, f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        log = run_dir / "workerlog.0"
+        if log.exists() and "step 20/" in log.read_text(errors="replace"):
+            break
+        time.sleep(0.2)
+    statuses = [json.loads(f.read_text()) for f in (run_dir / ".workers").glob("rank*.json")]
+    server = next(s for s in statuses if s.get("name") == "server 0")
+    os.kill(server["pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    stdout, stderr = proc.communicate(timeout=120)
+    took = time.monotonic() - killed
+    alive = [s["pid"] for s in statuses if Path(f"/proc/{s['pid']}").exists() and "Z" not in Path(f"/proc/{s['pid']}/stat").read_text().rpartition(")")[2].split()[0]]
+    return proc.returncode, stderr, took, alive
+
+
+@pytest.mark.slow
+def test_torch_job_ends_promptly_naming_a_killed_server(tmp_path):
+    # Small batches over more rows: the job is still training when the server dies.
+    args = [*SMALL, "backend=torch", "data.num_samples=20000", "trainer.batch_size=8"]
+    returncode, stderr, took, alive = _kill_server_mid_job(args, tmp_path)
+    assert returncode == 1, stderr[-2000:]
+    assert "unitrain: error: server 0 stopped without reporting (killed by a signal?)" in stderr
+    assert took < 30 and not alive
+
+
+@pytest.mark.slow
+def test_paddle_refuses_parameter_server_jobs_without_the_engine(tmp_path):
+    """paddlepaddle 3.3.1 (the default environment) ships without the parameter-server engine."""
+    result = run_unitrain([*SMALL, "backend=paddle"], tmp_path)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "make ps-env" in lines[0] and "3.1.0" in lines[0], lines
+    assert not (tmp_path / "run" / "workerlog.0").exists()

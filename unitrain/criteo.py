@@ -1,0 +1,193 @@
+"""Click-through data in Criteo's format, for the wide&deep parameter-server job, in NumPy.
+
+A Criteo row is one tab-separated line: ``label, I1..I13, C1..C26`` (13 integer counts, 26
+categorical values written as hex strings; any field may be empty). Both frameworks train on
+the arrays made here, so they see the same rows, ids and order:
+
+* counts become ``log(1 + max(x, 0))`` (empty: 0), as in DLRM's Criteo preprocessing;
+* a categorical value becomes an id in ``[0, buckets)`` by CRC-32 of ``slot, value`` (empty
+  values hash too, to one id per slot). zlib's CRC-32 is stable across processes and machines,
+  unlike Python's salted ``hash()``, which would give each trainer different ids.
+
+``synthetic`` writes Criteo-format lines whose labels come from a hidden logistic "teacher",
+so that a model can learn them (AUC well above 0.5); they go through the same parser.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import zlib
+from dataclasses import dataclass
+from typing import Iterable, Iterator, List
+
+import numpy as np
+
+from unitrain.errors import ConfigError, UnitrainError
+
+DENSE_FEATURES = 13
+SPARSE_SLOTS = 26
+FIELDS = 1 + DENSE_FEATURES + SPARSE_SLOTS
+#: RNG streams of the synthetic rows: training rows, the teacher, held-out rows.
+TRAIN, TEACHER, HELD_OUT = 0, 1, 2
+#: Synthetic rows are drawn in blocks, each from its own (seed, stream, block) generator, so a
+#: row depends on its index only, not on how many rows were asked for.
+BLOCK = 4096
+
+
+@dataclass
+class CtrData:
+    dense: np.ndarray  # float32 [n, 13]
+    sparse: np.ndarray  # int64 [n, 26], hashed ids
+    label: np.ndarray  # float32 [n], 0 or 1
+
+    def __len__(self) -> int:
+        return len(self.label)
+
+    def rows(self, index) -> "CtrData":
+        return CtrData(self.dense[index], self.sparse[index], self.label[index])
+
+    def shard(self, index: int, count: int) -> "CtrData":
+        """Trainer ``index`` of ``count`` reads every count-th row from its own offset: the
+        shards are disjoint and together hold every row once."""
+        return self.rows(slice(index, None, count))
+
+    def batches(self, batch_size: int) -> Iterator["CtrData"]:
+        """Whole batches in order; a last partial batch is left out, so every trainer of a
+        synchronous job takes the same number of steps."""
+        for start in range(0, len(self) - batch_size + 1, batch_size):
+            yield self.rows(slice(start, start + batch_size))
+
+    @property
+    def positive_rate(self) -> float:
+        return float(self.label.mean()) if len(self) else float("nan")
+
+
+def hash_value(slot: int, value: str, buckets: int) -> int:
+    return zlib.crc32(f"C{slot + 1}\x1f{value}".encode()) % buckets
+
+
+def parse_lines(lines: Iterable[str], buckets: int, source: str = "data.path") -> CtrData:
+    """Criteo TSV lines as arrays; a line with the wrong number of fields, or a label or count
+    that is not an integer, is refused in one line naming ``source`` and the line."""
+    labels: List[float] = []
+    dense: List[List[float]] = []
+    sparse: List[List[int]] = []
+
+    def refuse(number: int, why: str) -> UnitrainError:
+        return UnitrainError(f"{source} is not allowed: line {number} {why}; Criteo rows are {FIELDS} tab-separated fields (label 0/1, I1..I13 integers or empty, C1..C26)")
+
+    for number, line in enumerate(lines, 1):
+        fields = line.rstrip("\n").split("\t")
+        if len(fields) != FIELDS:
+            raise refuse(number, f"has {len(fields)} fields")
+        try:
+            label = int(fields[0])
+            counts = [math.log1p(max(int(f), 0)) if f else 0.0 for f in fields[1 : 1 + DENSE_FEATURES]]
+        except ValueError:
+            raise refuse(number, "has a label or count that is not an integer") from None
+        if label not in (0, 1):
+            raise refuse(number, f"has the label {fields[0]!r}")
+        labels.append(float(label))
+        dense.append(counts)
+        sparse.append([hash_value(s, v, buckets) for s, v in enumerate(fields[1 + DENSE_FEATURES :])])
+    if not labels:
+        raise UnitrainError(f"{source} is not allowed: it holds no rows; Criteo rows are {FIELDS} tab-separated fields")
+    return CtrData(
+        np.asarray(dense, np.float32).reshape(-1, DENSE_FEATURES),
+        np.asarray(sparse, np.int64).reshape(-1, SPARSE_SLOTS),
+        np.asarray(labels, np.float32),
+    )
+
+
+def read_tsv(path: str, buckets: int, skip: int = 0, limit: int | None = None) -> CtrData:
+    """Rows ``skip .. skip+limit`` of a Criteo TSV file (plain text, as Criteo distributes it)."""
+    if not os.path.isfile(path):
+        raise ConfigError("data.path", path, "an existing Criteo TSV file (label, I1..I13, C1..C26 per line), e.g. the Kaggle set's train.txt")
+
+    def wanted(f) -> Iterator[str]:
+        for i, line in enumerate(f):
+            if limit is not None and i >= skip + limit:
+                return
+            if i >= skip:
+                yield line
+
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return parse_lines(wanted(f), buckets, source=f"data.path={path!r}")
+
+
+class Teacher:
+    """The hidden logistic model behind the synthetic labels: a weight per count and per
+    categorical value, with a bias that puts the click rate near 30%, as in Criteo's data.
+
+    Counts are log-normal (log(1 + count) spreads about 1 around a per-feature centre), so the
+    dense features carry a signal a model finds in a few hundred rows; the categorical values
+    add more, learned as rows accumulate."""
+
+    def __init__(self, seed: int):
+        rng = np.random.default_rng((seed, TEACHER))
+        # Slots of very different sizes, as in Criteo (a few values to many thousands).
+        self.vocab = rng.integers(4, 2000, SPARSE_SLOTS)
+        self.log_centre = rng.uniform(0.5, 4.0, DENSE_FEATURES)
+        self.dense_w = rng.normal(0, 0.6, DENSE_FEATURES)
+        # Some slots matter much more than others.
+        scale = rng.uniform(0.05, 0.5, SPARSE_SLOTS)
+        self.value_w = [rng.normal(0, s, v) for s, v in zip(scale, self.vocab)]
+        self.bias = -1.0
+
+    def counts(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.maximum(np.floor(np.expm1(rng.normal(self.log_centre, 1.0, (n, DENSE_FEATURES)))), 0).astype(np.int64)
+
+    def logits(self, log_counts: np.ndarray, values: np.ndarray) -> np.ndarray:
+        return self.bias + (log_counts - self.log_centre) @ self.dense_w + sum(self.value_w[s][values[:, s]] for s in range(SPARSE_SLOTS))
+
+
+def synthetic_lines(num_rows: int, seed: int, stream: int = TRAIN) -> List[str]:
+    """``num_rows`` Criteo-format lines; row i depends on (seed, stream, i) only."""
+    teacher, lines = Teacher(seed), []
+    for block in range(math.ceil(num_rows / BLOCK)):
+        # Always a whole block drawn (then cut), so the draws do not depend on num_rows.
+        n, keep = BLOCK, min(BLOCK, num_rows - block * BLOCK)
+        rng = np.random.default_rng((seed, stream, block))
+        counts = teacher.counts(rng, n)
+        missing_count = rng.random((n, DENSE_FEATURES)) < 0.1
+        # Skewed value frequencies: low indices are common, as in click logs.
+        values = np.floor(teacher.vocab * rng.random((n, SPARSE_SLOTS)) ** 3).astype(np.int64)
+        missing_value = rng.random((n, SPARSE_SLOTS)) < 0.05
+        log_counts = np.where(missing_count, 0.0, np.log1p(counts))
+        logits = teacher.logits(log_counts, values) - 0.5 * missing_value.sum(axis=1) / SPARSE_SLOTS
+        labels = rng.random(n) < 1.0 / (1.0 + np.exp(-logits))
+        for i in range(keep):
+            dense = ["" if missing_count[i, j] else str(counts[i, j]) for j in range(DENSE_FEATURES)]
+            # Values written as Criteo writes them: 8 hex digits, here a hash of slot and index.
+            cats = ["" if missing_value[i, s] else f"{zlib.crc32(f'{seed}:{s}:{values[i, s]}'.encode()):08x}" for s in range(SPARSE_SLOTS)]
+            lines.append("\t".join([str(int(labels[i])), *dense, *cats]))
+    return lines
+
+
+def synthetic(num_rows: int, seed: int, buckets: int, stream: int = TRAIN) -> CtrData:
+    return parse_lines(synthetic_lines(num_rows, seed, stream), buckets, source="data='criteo_synthetic'")
+
+
+def auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve: the chance that a random positive scores above a random
+    negative (ties count half), from the ranks of the scores. nan without both classes."""
+    labels = np.asarray(labels).reshape(-1) > 0.5
+    scores = np.asarray(scores, np.float64).reshape(-1)
+    positives, negatives = int(labels.sum()), int((~labels).sum())
+    if not positives or not negatives:
+        return float("nan")
+    order = np.argsort(scores, kind="mergesort")
+    ranks = np.empty(len(scores), np.float64)
+    ranks[order] = np.arange(1, len(scores) + 1)
+    # Tied scores share the mean of their ranks.
+    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    sums = np.bincount(inverse, weights=ranks)
+    ranks = (sums / counts)[inverse]
+    return float((ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives))
+
+
+def log_loss(labels: np.ndarray, probabilities: np.ndarray, eps: float = 1e-7) -> float:
+    labels = np.asarray(labels, np.float64).reshape(-1)
+    p = np.clip(np.asarray(probabilities, np.float64).reshape(-1), eps, 1 - eps)
+    return float(-np.mean(labels * np.log(p) + (1 - labels) * np.log(1 - p)))
