@@ -4,10 +4,14 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# Paddle's parameter-server engine left its wheels after 3.1.0: parameter-server jobs on Paddle
+# run from a second environment with paddlepaddle 3.1.0 (`.venv-ps/bin/python -m unitrain ...`).
+PS_VENV := .venv-ps
+PS_STAMP := $(PS_VENV)/.installed
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: run test test-fast bench setup clean fashion-mnist
+.PHONY: run test test-fast bench setup ps-env clean fashion-mnist
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +21,14 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+$(PS_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(PS_VENV)
+	$(PS_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(PS_VENV)/bin/python -m pip install --quiet -e '.[paddle-ps]'
+	touch $(PS_STAMP)
+
+ps-env: $(PS_STAMP)
 
 # Debian's dataset-fashion-mnist package (offline, ~30 MB) for data=fashion_mnist and its tests.
 # Installed when this runs as root with apt-get; otherwise those tests skip and say why.
@@ -31,14 +43,14 @@ fashion-mnist:
 run: $(STAMP)
 	$(PY) -m unitrain -m backend=paddle,torch
 
-test: $(STAMP) fashion-mnist
+test: $(STAMP) $(PS_STAMP) fashion-mnist
 	$(PY) -m pytest -q --durations=20
 
-test-fast: $(STAMP) fashion-mnist
+test-fast: $(STAMP) $(PS_STAMP) fashion-mnist
 	$(PY) -m pytest -q -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info runs multirun outputs
+	rm -rf $(VENV) $(PS_VENV) build dist *.egg-info runs multirun outputs

@@ -33,7 +33,9 @@ DATASET_NAMES = ("synthetic", "learnable", "imagefolder", "fashion_mnist")
 # dist.mode=ps trains a click-through model on Criteo-format rows (unitrain.ps).
 PS_MODELS = ("wide_deep",)
 PS_DATASETS = ("criteo", "criteo_synthetic")
-PS_OPTIMIZERS = ("sgd", "adagrad")
+# Plain SGD: both engines apply it on the servers (Paddle's dense tables take only SGD or Adam,
+# and torch's Adam takes no sparse gradients).
+PS_OPTIMIZERS = ("sgd",)
 DIST_MODES = ("collective", "ps")
 PS_SYNC_MODES = ("sync", "async", "geo")
 LOGGERS = ("tensorboard", "visualdl")
@@ -180,10 +182,10 @@ class PsConfig:
     # Processes that hold the parameters; 0 trains in one process without servers (the baseline).
     servers: int = 1
     trainers: int = 2
-    # sync: each step applies all trainers' gradients together; async: each trainer's as they
-    # arrive; geo (Paddle only): trainers train their own copy and send the change every
-    # geo_k_steps steps.
-    sync: str = "sync"
+    # sync (torch only): each step applies all trainers' gradients together; async: each
+    # trainer's as they arrive; geo (Paddle only): trainers train their own copy and send the
+    # change every geo_k_steps steps.
+    sync: str = "async"
     geo_k_steps: int = 100
 
 
@@ -263,6 +265,12 @@ def _validate_ps(cfg: UnitrainConfig | Any) -> None:
     _one_of("dist.ps.sync", ps.sync, PS_SYNC_MODES)
     if ps.sync == "geo" and cfg.backend.name == "torch":
         raise ConfigError("dist.ps.sync", "geo", "sync or async with backend=torch (geo-SGD is Paddle's; torch.distributed.rpc has no counterpart)")
+    if ps.sync == "sync" and ps.servers and cfg.backend.name == "paddle":
+        raise ConfigError(
+            "dist.ps.sync", "sync",
+            "async or geo with backend=paddle (Fleet's synchronous mode crashes in SendBarrierOp when trained batch by batch, "
+            "in paddlepaddle 3.0.0 and 2.6.2 alike)",
+        )  # fmt: skip
     _positive("dist.ps.geo_k_steps", ps.geo_k_steps)
     if cfg.amp.level != "O0":
         raise ConfigError("amp", cfg.amp.level, "O0 with dist.mode=ps (parameter-server jobs train in float32)")

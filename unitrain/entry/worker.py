@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(log_file.fileno(), 1)
         os.dup2(log_file.fileno(), 2)
     logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s", stream=sys.stdout, force=True)
+    # unitrain's own level: importing paddle 3.0.0 lowers the root logger to WARNING.
+    logging.getLogger("unitrain").setLevel(logging.INFO)
 
     def on_sigterm(signum, frame):
         status(status="terminated")

@@ -1,0 +1,251 @@
+"""Paddle Fleet's parameter server, as FleetX's wide&deep example uses it (static graph).
+
+Every process builds the same program; ``fleet.distributed_optimizer(...).minimize`` rewrites
+it for its role: a server's ``init_server``/``run_server`` hold the tables, a trainer's program
+pulls embedding rows (``distributed_lookup_table``) and pushes gradients. Sync, async and geo
+are Fleet's own modes (``strategy.a_sync`` and ``a_sync_configs["k_steps"]``).
+
+Paddle's engine needs the legacy program (``FLAGS_enable_pir_api=0`` before paddle loads: the
+launcher sets it) and a wheel that has all of it: paddlepaddle 3.0.0 (`make ps-env`). Later
+wheels lack the trainer's ops (3.1.x) or the whole engine (3.2 on).
+
+What Fleet's runtime does only inside ``Executor.train_from_dataset`` is done here, since a
+trainer steps with ``Executor.run`` (batch by batch, timed and evaluated like torch's):
+
+* async: a trainer pushes its dense gradients, but nothing pulls the servers' dense parameters
+  back (train_from_dataset runs a PullDenseWorker thread); the trainer pulls them after each step.
+* the end: ``stop_worker`` does not stop the servers; once every trainer stopped, trainer 0 tells
+  them to (otherwise paddle.distributed.launch waits forever).
+* sync crashes in every wheel tried (SendBarrierOp finds no communicator: 3.0.0 and 2.6.2 create
+  one only for geo), so the config refuses it for Paddle.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+import urllib.request
+from typing import Any, Dict, Optional
+
+import numpy as np
+import paddle
+
+from unitrain.criteo import DENSE_FEATURES, SPARSE_SLOTS, CtrData
+from unitrain.errors import UnitrainError
+from unitrain.ps import EMBED_INIT, PsProgram, Role, tower_init
+
+# Seconds a trainer waits for the servers to listen before it gives up.
+SERVER_WAIT_S = 120.0
+
+
+def engine_problem() -> Optional[str]:
+    """Why this wheel cannot run a parameter-server job, or None: 3.2 on lack the engine, 3.1.x
+    keep its server side (DistFleetWrapper) but not the trainer's ops."""
+    from paddle.base import core
+    from paddle.base.framework import OpProtoHolder
+
+    missing = [] if hasattr(core, "DistFleetWrapper") else ["DistFleetWrapper"]
+    for op in ("distributed_lookup_table", "distributed_push_sparse", "send"):
+        try:
+            OpProtoHolder.instance().get_op_proto(op)
+        except ValueError:
+            missing.append(f"the {op} op")
+    if not missing:
+        return None
+    return (
+        f"backend=paddle with dist.mode=ps is not allowed with paddlepaddle {paddle.__version__}: its wheel lacks Paddle's "
+        f"parameter-server engine ({', '.join(missing[:2])}{'...' if len(missing) > 2 else ''}; removed after 3.1.0 by PR #73999, "
+        "the trainer's ops already in 3.1.x); run the job in the environment with paddlepaddle 3.0.0 that `make ps-env` "
+        "builds: .venv-ps/bin/python -m unitrain ..."
+    )
+
+
+def _wait_for_servers(endpoints) -> None:
+    """init_worker pushes the initial dense parameters to the servers before it waits for them
+    (and Paddle's own wait_server_ready returns at once): a server still building its program
+    fails that push. Wait until every server listens."""
+    deadline = time.monotonic() + SERVER_WAIT_S
+    for endpoint in endpoints:
+        host, port = endpoint.rsplit(":", 1)
+        while True:
+            try:
+                socket.create_connection((host, int(port)), timeout=2).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise UnitrainError(f"parameter server {endpoint} did not start listening within {SERVER_WAIT_S:g}s; see serverlog.*") from None
+                time.sleep(0.2)
+
+
+class PaddlePs(PsProgram):
+    def __init__(self, cfg, role: Role):
+        paddle.enable_static()
+        self.cfg, self.role, self.use_ps = cfg, role, role.servers > 0
+        self.sync = cfg.dist.ps.sync if self.use_ps else "local"
+        self.fleet = None
+        if self.use_ps:
+            from paddle.distributed import fleet
+
+            fleet.init(is_collective=False)  # the role comes from the launcher's variables
+            self.fleet = fleet
+        # Built into the default programs: in parameter-server mode minimize() swaps in rewritten
+        # ones, which a program_guard would undo on exit.
+        self.loss, self.prob = self._build(cfg)
+        optimizer = paddle.optimizer.SGD(learning_rate=cfg.optim.lr)
+        if self.use_ps:
+            strategy = fleet.DistributedStrategy()
+            strategy.a_sync = self.sync != "sync"
+            if self.sync == "geo":
+                strategy.a_sync_configs = {"k_steps": cfg.dist.ps.geo_k_steps}
+            # Plain SGD on the tables too, as on torch. Fleet's CPU default for the tables is its
+            # Adam rule whatever the dense optimizer (the_one_ps.py sets SparseNaiveSGDRule for
+            # SGD, then overwrites it). A pushed sparse gradient is multiplied by the rows of the
+            # id tensor (FleetWrapper::PushSparseFromTensorAsync; here batch x 26 ids), so the
+            # rule's rate is divided by them: the same step as torch's SGD on the batch's mean loss.
+            rate = cfg.optim.lr / (cfg.trainer.batch_size * SPARSE_SLOTS)
+            strategy.sparse_table_configs = {
+                table: {
+                    f"table_parameters.{table}.accessor.{part}_sgd_param.{key}": value
+                    for part in ("embed", "embedx")
+                    for key, value in (("name", "SparseNaiveSGDRule"), ("naive.learning_rate", rate))
+                }
+                for table in ("deep_table", "wide_table")
+            }
+            optimizer = fleet.distributed_optimizer(optimizer, strategy)
+        optimizer.minimize(self.loss)
+        self.main = self.loss.block.program
+        if self.use_ps and fleet.is_server():
+            return
+        self.executor = paddle.static.Executor(paddle.CPUPlace())
+        # Prediction: the trainer's program cut down to the click probability, which keeps the
+        # pulls of embedding rows and drops the pushes.
+        test = self.main.clone(for_test=True)
+        self.test = test._prune_with_input(["dense", "ids"], [test.global_block().var(self.prob.name)])
+        self.executor.run(paddle.static.default_startup_program())
+        scope = paddle.static.global_scope()
+        for name, value in self.initial.items():
+            scope.find_var(name).get_tensor().set(value, paddle.CPUPlace())
+        self.pull_dense = None
+        if self.use_ps:
+            _wait_for_servers(fleet.server_endpoints())
+            fleet.init_worker()
+            if self.sync == "async":
+                from paddle.distributed.ps.utils.public import get_the_one_recv_context
+
+                runtime = fleet.fleet._runtime_handle
+                dense = get_the_one_recv_context(runtime.context, split_dense_table=runtime.is_heter_ps_mode)
+                self.pull_dense = lambda: runtime._pull_all_dense(runtime.scopes, runtime._send_ctx, dense)
+
+    def _build(self, cfg):
+        static, dim = paddle.static, cfg.model.embedding_dim
+        dense = static.data("dense", [-1, DENSE_FEATURES], "float32")
+        ids = static.data("ids", [-1, 1], "int64")  # the batch's 26 ids per row, row after row
+        label = static.data("label", [-1, 1], "float32")
+
+        def table(name: str, width: int):
+            attr = paddle.ParamAttr(name=name, initializer=paddle.nn.initializer.Uniform(-EMBED_INIT, EMBED_INIT))
+            # Geo trains a local copy of the table, which sparse_embedding's server-only table
+            # cannot give (init_worker fails on it): geo takes embedding(is_sparse=True).
+            if self.use_ps and self.sync != "geo":
+                return static.nn.sparse_embedding(ids, size=[cfg.model.sparse_buckets, width], param_attr=attr)
+            return static.nn.embedding(ids, size=[cfg.model.sparse_buckets, width], is_sparse=True, param_attr=attr)
+
+        deep = paddle.reshape(table("deep_table", dim), [-1, SPARSE_SLOTS * dim])
+        wide = paddle.sum(paddle.reshape(table("wide_table", 1), [-1, SPARSE_SLOTS]), axis=1, keepdim=True)
+        *layers, wide_dense = tower_init(cfg)
+        self.initial = {}  # parameter name -> its shared NumPy value, set after the startup program
+
+        def attr(name: str, value: np.ndarray) -> paddle.ParamAttr:
+            # A plain initializer in the program: the servers' dense tables build their own from
+            # it and crash on Assign's. The shared values replace it before init_worker pushes them.
+            self.initial[name] = value
+            return paddle.ParamAttr(name=name, initializer=paddle.nn.initializer.Constant(0.0))
+
+        x = paddle.concat([dense, deep], axis=1)
+        for i, (weight, bias) in enumerate(layers):
+            last = i == len(layers) - 1
+            x = static.nn.fc(x, weight.shape[1], weight_attr=attr(f"deep_{i}.w", weight), bias_attr=attr(f"deep_{i}.b", bias), activation=None if last else "relu")
+        logit = x + static.nn.fc(dense, 1, weight_attr=attr("wide_dense.w", wide_dense[0]), bias_attr=attr("wide_dense.b", wide_dense[1])) + wide
+        loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(logit, label))
+        return loss, paddle.nn.functional.sigmoid(logit)
+
+    @staticmethod
+    def _feed(batch: CtrData, with_label: bool = True) -> Dict[str, np.ndarray]:
+        feed = {"dense": batch.dense, "ids": batch.sparse.reshape(-1, 1)}
+        if with_label:
+            feed["label"] = batch.label.reshape(-1, 1)
+        return feed
+
+    def run_server(self) -> None:
+        self.fleet.init_server()
+        self.fleet.run_server()
+
+    def train_batch(self, batch: CtrData) -> float:
+        (loss,) = self.executor.run(self.main, feed=self._feed(batch), fetch_list=[self.loss])
+        if self.pull_dense:
+            self.pull_dense()
+        return float(np.asarray(loss))
+
+    def predict(self, batch: CtrData) -> np.ndarray:
+        (prob,) = self.executor.run(self.test, feed=self._feed(batch, with_label=False), fetch_list=[self.prob])
+        return np.asarray(prob).reshape(-1)
+
+    def end_training(self) -> None:
+        if self.use_ps:
+            self.fleet.barrier_worker()
+            if self.pull_dense:
+                self.pull_dense()
+
+    def observed(self) -> Dict[str, Any]:
+        if not self.use_ps:
+            return {"engine": "none (one process)", "sync": "local"}
+        context = self.fleet.fleet._runtime_handle.context
+        ops = {op.type for op in self.main.global_block().ops}
+        # Read back from the runtime's context and the rewritten program, not the request.
+        from paddle.distributed.ps.utils.public import DistributedMode
+
+        modes = {getattr(DistributedMode, name): name.lower() for name in ("SYNC", "ASYNC", "HALF_ASYNC", "GEO")}
+        mode = modes.get(context["ps_mode"], str(context["ps_mode"]))
+        return {
+            "engine": f"Paddle Fleet parameter server (brpc), paddle {paddle.__version__}",
+            "sync": mode,
+            "geo_k_steps": context["user_defined_strategy"].a_sync_configs["k_steps"] if mode == "geo" else None,
+            "pulls_sparse": "distributed_lookup_table" in ops,
+            "program_ops": sorted(ops & {"distributed_lookup_table", "distributed_push_sparse", "send", "recv", "send_barrier", "fetch_barrier"}),
+            "dense": "on the servers",
+            "traffic": _server_counters(self.fleet.server_endpoints()),
+        }
+
+    def close(self) -> None:
+        if not (self.use_ps and self.fleet.is_worker()):
+            return
+        self.fleet.stop_worker()  # flushes geo's communicator
+        self.fleet.barrier_worker()
+        if self.role.index == 0:
+            self.fleet.fleet._runtime_handle._worker.stop_server()
+
+
+# The servers' brpc counters (its built-in /vars page on each server's port): requests served.
+# console=1: plain text (brpc answers a browser-like client with HTML).
+COUNTERS = re.compile(r"^cost_profiler_pserver_server_(pull|push)_(sparse|dense)_count : (\d+)$", re.M)
+
+
+def _server_counters(endpoints) -> Optional[Dict[str, int]]:
+    totals: Dict[str, int] = {}
+    for endpoint in endpoints:
+        try:
+            # Straight to the server: a proxy set in the environment must not see loopback requests.
+            with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(f"http://{endpoint}/vars?console=1", timeout=5) as page:
+                text = page.read().decode("utf-8", "replace").replace("\r", "")
+        except OSError:
+            return None
+        for way, kind, count in COUNTERS.findall(text):
+            key = f"{way}_{kind}_requests"
+            totals[key] = totals.get(key, 0) + int(count)
+    return totals or None
+
+
+
+def build(cfg, role: Role) -> PaddlePs:
+    return PaddlePs(cfg, role)
