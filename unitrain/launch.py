@@ -268,16 +268,18 @@ def _job_processes(proc: subprocess.Popen, run_dir: Path) -> Dict[int, str]:
     (both launchers start each worker in a session of its own, out of reach of killpg) and the
     workers still marked running (reparented to init if the launcher is gone already)."""
     found: Dict[int, Optional[str]] = {}
-    todo = [proc.pid]
+    for s in worker_statuses(run_dir):
+        start = lifeline.start_time(s["pid"])
+        if s["status"] == "running" and start is not None and s.get("start", start) == start:
+            found[s["pid"]] = start
+    # The workers' own children too: a process a worker forked (Paddle's parameter server 0
+    # forks its gloo key-value server) inherits neither its parent-death signal nor its watchdog.
+    todo = [proc.pid, *found]
     while todo:
         for child in _children(todo.pop()):
             if child not in found:
                 found[child] = lifeline.start_time(child)
                 todo.append(child)
-    for s in worker_statuses(run_dir):
-        start = lifeline.start_time(s["pid"])
-        if s["status"] == "running" and start is not None and s.get("start", start) == start:
-            found[s["pid"]] = start
     return {pid: start for pid, start in found.items() if start is not None}
 
 
@@ -495,7 +497,10 @@ def launch(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]
     return _finished(run_dir)
 
 
-def supervise(cfg: UnitrainConfig, run_dir: Path, launcher: Launcher, command: List[str], follower: LogFollower, env: Optional[Dict[str, str]] = None) -> None:
+def supervise(
+    cfg: UnitrainConfig, run_dir: Path, launcher: Launcher, command: List[str], follower: LogFollower, env: Optional[Dict[str, str]] = None,
+    cwd: Optional[Path] = None,
+) -> None:  # fmt: skip
     """Run the framework's launcher to its end, echoing ``follower``'s log; then stop whatever
     of the job is left, and raise naming the process that failed, if one did."""
     waiting = cfg.dist.nnodes > 1
@@ -511,7 +516,7 @@ def supervise(cfg: UnitrainConfig, run_dir: Path, launcher: Launcher, command: L
         # parent-death signal ends the launcher even when this process is killed outright.
         proc = subprocess.Popen(
             command, stdout=launcher_log, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=dies_with_this_process(),
-            env={**os.environ, **env} if env else None,
+            env={**os.environ, **env} if env else None, cwd=cwd,
         )  # fmt: skip
         try:
             # Not proc.poll(): that would reap the launcher before its group is stopped.
@@ -554,6 +559,9 @@ def launch_ps(cfg: UnitrainConfig, run_dir: str | Path) -> Dict[str, Any]:
     problem = ps_engine_problem(cfg, launcher)
     if problem:
         raise UnitrainError(problem)
+    if cfg.data.path:
+        # The job runs in its run directory (below), where relative paths would not resolve.
+        cfg.data.path = os.path.abspath(cfg.data.path)
     config_file = write_worker_config(cfg, run_dir)
     if cfg.dist.ps.servers:
         command = launcher.command(cfg.dist, run_dir, config_file, cfg.backend.name)
@@ -563,5 +571,7 @@ def launch_ps(cfg: UnitrainConfig, run_dir: str | Path) -> Dict[str, Any]:
         command += ["--rank-env", "RANK", "--local-rank-env", "LOCAL_RANK", "--workerlog", "--ps", cfg.backend.name, "0", "1"]
     follower = LogFollower(run_dir / "workerlog.0", "[trainer 0] ")
     started = time.monotonic()
-    supervise(cfg, run_dir, launcher, command, follower, env=launcher.ps_env)
+    # In the run directory: Paddle's servers write http.log (their gloo key-value store's) into
+    # their working directory.
+    supervise(cfg, run_dir, launcher, command, follower, env=launcher.ps_env, cwd=run_dir)
     return ps.summarize(cfg, run_dir, time.monotonic() - started)

@@ -10,6 +10,10 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
+import numpy as np
+
+SMOOTH = 20  # steps in the plotted moving mean
+
 NOTE = (
     "examples/s: median over steps (the first 2 left out), per trainer and summed over trainers. "
     "AUC and log loss on held-out rows, evaluated by trainer 0 after every trainer finished. "
@@ -81,9 +85,11 @@ def plot(found: List[Tuple[Path, Dict[str, Any]]], path: Path) -> Path:
         metrics = run_dir / "metrics.jsonl"
         records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
         steps = [r for r in records if "loss" in r]
-        if steps:
-            curves.plot([r["step"] * s["batch_size"] for r in steps], [r["loss"] for r in steps], label=label, linewidth=1)
-    curves.set(xlabel="examples seen by trainer 0", ylabel="training loss (log loss)", title="Training loss")
+        if len(steps) >= SMOOTH:
+            # A moving mean: one batch's loss is too noisy to tell the rows apart.
+            losses = np.convolve([r["loss"] for r in steps], np.ones(SMOOTH) / SMOOTH, mode="valid")
+            curves.plot([r["step"] * s["batch_size"] for r in steps[SMOOTH - 1 :]], losses, label=label, linewidth=1)
+    curves.set(xlabel="examples seen by trainer 0", ylabel=f"training loss, mean of {SMOOTH} steps", title="Training loss")
     curves.legend(fontsize=8)
     speeds = [s["examples_per_s"] for _, s in found]
     drawn = bars.barh(range(len(found)), speeds, color="tab:blue")

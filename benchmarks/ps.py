@@ -1,0 +1,117 @@
+"""Parameter-server training on both frameworks, side by side in one run: README's table.
+
+    python benchmarks/ps.py [--rows 40000] [--repeats 3] [--out benchmarks/results/ps]
+
+For each framework: the one-process baseline (no servers) and 1 server + 2 trainers in every
+mode its engine runs (torch: sync, async; Paddle: async, geo), on the same seeded synthetic
+Criteo rows, interleaved repeat by repeat. Paddle's jobs run from the parameter-server
+environment (.venv-ps, paddlepaddle 3.0.0; `make ps-env`), torch's from this one. Writes
+ps.json (every run's summary), ps.md (medians with min-max over repeats, CPU flags) and ps.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from unitrain import machine, ps_report  # noqa: E402
+
+JOBS = [
+    ("torch", "local"), ("torch", "sync"), ("torch", "async"),
+    ("paddle", "local"), ("paddle", "async"), ("paddle", "geo"),
+]  # fmt: skip
+
+
+def python_for(backend: str) -> str:
+    if backend == "paddle":
+        ps = ROOT / ".venv-ps" / "bin" / "python"
+        if not ps.exists():
+            sys.exit(f"benchmarks/ps.py: error: no {ps}: build the parameter-server environment with `make ps-env`")
+        return str(ps)
+    return sys.executable
+
+
+def run(backend: str, mode: str, rows: int, val_rows: int, seed: int, run_dir: Path) -> dict:
+    layout = ["dist.ps.servers=0", "dist.ps.trainers=1"] if mode == "local" else [f"dist.ps.sync={mode}"]
+    args = [
+        "-m", "unitrain", "experiment=wide_deep_ps", f"backend={backend}", *layout, f"data.num_samples={rows}",
+        f"data.val_samples={val_rows}", f"trainer.seed={seed}", "trainer.log_every=100", f"hydra.run.dir={run_dir}",
+    ]  # fmt: skip
+    print(f"{backend} {mode} (seed {seed})", flush=True)
+    done = subprocess.run([python_for(backend), *args], cwd=run_dir.parent, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"benchmarks/ps.py: {backend} {mode} failed:\n{done.stderr[-3000:]}")
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def spread(values) -> str:
+    return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})" if len(values) > 1 else f"{values[0]:.0f}"
+
+
+def table(results: dict, repeats: int) -> str:
+    lines = [
+        "| backend | framework | mode | servers x trainers | examples/s total, median (min-max) | per trainer (median) | held-out AUC, median (min-max) | held-out log loss (median) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for (backend, mode), runs in results.items():
+        s = runs[0]
+        speeds = [r["examples_per_s"] for r in runs]
+        aucs = [r["eval"]["val_auc"] for r in runs]
+        per_trainer = [statistics.median(r["examples_per_s_per_trainer"][i] for r in runs) for i in range(s["trainers"])]
+        label = mode + (f" (k={s['geo_k_steps']})" if s.get("geo_k_steps") else "")
+        lines.append(
+            f"| {backend} | {s['framework']} {s['version']} | {label} | {s['servers']} x {s['trainers']} | {spread(speeds)} | "
+            f"{', '.join(f'{v:.0f}' for v in per_trainer)} | {statistics.median(aucs):.4f} ({min(aucs):.4f}-{max(aucs):.4f}) | "
+            f"{statistics.median(r['eval']['val_logloss'] for r in runs):.4f} |"
+        )  # fmt: skip
+    cpu = machine.cpu()
+    s = next(iter(results.values()))[0]
+    lines += [
+        "",
+        f"{repeats} repeats per row (trainer.seed 1..{repeats}, the same rows and initial weights for every row of a repeat), jobs "
+        f"interleaved; {s['rows']:,} training rows, held-out rows evaluated by trainer 0 after all trainers finished; batch "
+        f"{s['batch_size']} per trainer, SGD lr {s['lr']}. Threads: the cores split over the processes (1 process: 2 threads; "
+        f"3 processes: 1 each). CPU: {cpu['model']}, {cpu['logical_cpus']} logical CPUs, extensions: {', '.join(cpu['extensions'] or []) or 'none of note'}.",
+    ]  # fmt: skip
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=40_000)
+    parser.add_argument("--val-rows", type=int, default=10_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--jobs", default=",".join(f"{b}:{m}" for b, m in JOBS), help="backend:mode,... (default: all)")
+    parser.add_argument("--out", default=str(HERE / "results" / "ps"))
+    args = parser.parse_args()
+    jobs = [tuple(j.split(":")) for j in args.jobs.split(",")]
+    results: dict = {job: [] for job in jobs}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="unitrain-bench-ps-") as tmp:
+        found = []
+        for seed in range(1, args.repeats + 1):
+            for backend, mode in jobs:
+                run_dir = Path(tmp) / f"{backend}_{mode}_{seed}"
+                results[(backend, mode)].append(run(backend, mode, args.rows, args.val_rows, seed, run_dir))
+                if seed == 1:
+                    found.append((run_dir, results[(backend, mode)][0]))
+        ps_report.plot(found, out / "ps.png")
+    (out / "ps.json").write_text(json.dumps({f"{b}:{m}": runs for (b, m), runs in results.items()}, indent=2) + "\n")
+    text = table(results, args.repeats)
+    (out / "ps.md").write_text(text + "\n")
+    print(f"\n{text}\n\nwritten: {out / 'ps.md'}, {out / 'ps.json'}, {out / 'ps.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
