@@ -25,7 +25,8 @@ setup: $(STAMP)
 $(PS_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(PS_VENV)
 	$(PS_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(PS_VENV)/bin/python -m pip install --quiet -e '.[paddle-ps]'
+	# torch too: one sweep (-m backend=paddle,torch) then compares both frameworks' parameter servers.
+	$(PS_VENV)/bin/python -m pip install --quiet -e '.[paddle-ps,torch]'
 	touch $(PS_STAMP)
 
 ps-env: $(PS_STAMP)

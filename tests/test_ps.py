@@ -253,3 +253,14 @@ def test_paddle_job_killed_during_start_up_leaves_nothing_running(tmp_path):
     assert returncode == 1, stderr[-2000:]
     assert "trainer 1 stopped without reporting (killed by a signal?)" in stderr
     assert took < 60 and not alive
+
+
+@pytest.mark.slow
+def test_one_sweep_compares_both_frameworks_parameter_servers(tmp_path):
+    """From the parameter-server environment (which has torch too): one table, one plot."""
+    result = run_unitrain(["-m", *SMALL, "backend=paddle,torch", "dist.ps.sync=async"], tmp_path, python=paddle_ps_python(), timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = (tmp_path / "multirun" / "comparison.md").read_text()
+    rows = [line for line in report.splitlines() if line.startswith(("| paddle |", "| torch |"))]
+    assert [r.split("|")[1].strip() for r in rows] == ["paddle", "torch"] and all("| async |" in r for r in rows)
+    assert (tmp_path / "multirun" / "ps.png").stat().st_size > 0 and "Parameter server" in (tmp_path / "multirun" / "report.html").read_text()
