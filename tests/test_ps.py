@@ -264,3 +264,13 @@ def test_one_sweep_compares_both_frameworks_parameter_servers(tmp_path):
     rows = [line for line in report.splitlines() if line.startswith(("| paddle |", "| torch |"))]
     assert [r.split("|")[1].strip() for r in rows] == ["paddle", "torch"] and all("| async |" in r for r in rows)
     assert (tmp_path / "multirun" / "ps.png").stat().st_size > 0 and "Parameter server" in (tmp_path / "multirun" / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_a_criteo_tsv_file_trains_and_holds_out_the_rows_after_the_training_ones(tmp_path):
+    path = tmp_path / "train.txt"
+    path.write_text("\n".join(criteo.synthetic_lines(3500, seed=5)) + "\n")
+    args = ["experiment=wide_deep_ps", "backend=torch", "data=criteo", f"data.path={path}", "data.num_samples=3000", "data.val_samples=500"]
+    result = run_unitrain([*args, "dist.ps.servers=0", "dist.ps.trainers=1"], tmp_path)
+    summary = _check_job(result, "local", 0, 1)
+    assert summary["rows"] == 3000 and summary["data"] == "criteo"
