@@ -1,8 +1,8 @@
 """Arguments and result file shared by the hand-written native baselines.
 
-The baselines borrow only what must be identical for a fair comparison: the ResNet classes
-(so the model is the same) and the NumPy datasets (so the data is the same). Loop, sampler,
-loader, optimizer and data-parallel wrapping are each framework's own, as in its tutorials.
+The baselines borrow from unitrain only the NumPy dataset (so the data is the same). Model,
+loop, sampler, loader, optimizer and data-parallel wrapping are each framework's own, as in its
+tutorials: Paddle's model is ``paddle.vision.models``, torch's a torchvision ResNet written out.
 """
 
 from __future__ import annotations
@@ -27,18 +27,20 @@ def parse_args() -> argparse.Namespace:
 
 
 class StepTimer:
-    """Per-step wall time, data wait included: the same definition as unitrain's batch_cost."""
+    """Per-step wall time, data wait included (the same definition as unitrain's batch_cost), and
+    the process's CPU time per step, all threads (unitrain's cpu_cost)."""
 
     def __init__(self):
         self.loop_started_at = time.time()
-        self.last = time.perf_counter()
-        self.step_times = []
+        self.last, self.last_cpu = time.perf_counter(), time.process_time()
+        self.step_times, self.cpu_times = [], []
 
     def step(self) -> None:
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         self.step_times.append(now - self.last)
-        self.last = now
+        self.cpu_times.append(cpu - self.last_cpu)
+        self.last, self.last_cpu = now, cpu
 
     def write(self, path: str, **extra) -> None:
         with open(path, "w") as f:
-            json.dump({"step_times": self.step_times, "loop_started_at": self.loop_started_at, **extra}, f)
+            json.dump({"step_times": self.step_times, "cpu_times": self.cpu_times, "loop_started_at": self.loop_started_at, **extra}, f)

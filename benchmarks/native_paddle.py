@@ -1,6 +1,7 @@
 """A plain Paddle Fleet training script, in the style of Paddle's data-parallel tutorial
-(fleet.init, distributed_model, distributed_optimizer, DistributedBatchSampler): the baseline
-for unitrain's overhead. Started alone, or by paddle.distributed.launch."""
+(paddle.vision.models, fleet.init, distributed_model, distributed_optimizer,
+DistributedBatchSampler): the baseline for unitrain's overhead. Started alone, or by
+paddle.distributed.launch. It shares nothing with unitrain but the dataset definition."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ import paddle.nn.functional as F  # noqa: E402
 from native_common import StepTimer, parse_args  # noqa: E402
 from paddle.distributed import fleet  # noqa: E402
 
-from unitrain.backends.paddle.models import ResNet  # noqa: E402
+from paddle.vision import models  # noqa: E402
+
 from unitrain.data import SyntheticDataset  # noqa: E402
-from unitrain.models import MODELS  # noqa: E402
 
 args = parse_args()
 paddle.base.core.set_num_threads(args.threads)
@@ -24,7 +25,7 @@ world = int(os.environ.get("PADDLE_TRAINERS_NUM", "1"))
 if world > 1:
     fleet.init(is_collective=True, strategy=fleet.DistributedStrategy())
 paddle.seed(0)
-model = ResNet(MODELS.get(args.model), args.num_classes)
+model = getattr(models, args.model)(num_classes=args.num_classes)
 optimizer = paddle.optimizer.Momentum(
     learning_rate=args.lr, momentum=0.9, parameters=model.parameters(), weight_decay=paddle.regularizer.L2Decay(1e-4)
 )

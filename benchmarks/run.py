@@ -3,15 +3,18 @@
     python benchmarks/run.py [--quick] [--repeats N] [--out benchmarks/results]
 
 Sections (each a table in results.md, all numbers in results.json):
-  overhead  unitrain's median step time / a hand-written native script's (plain torch DDP,
-            plain Paddle Fleet), same model, batch, data, threads, steps; 1 and 2 processes
+  overhead  unitrain's median step time / a hand-written native script's (plain torch DDP with
+            its own torchvision ResNet, plain Paddle Fleet with paddle.vision.models), same
+            network, batch, data, threads, steps; 1 x 2 and 2 x 1 processes x threads; ResNet18
+            at 32x32 and ResNet50 at 64x64; wall and CPU time per step, median ratio over pairs
+            with a bootstrap 95% confidence interval
   startup   seconds from launching the command to the first training step, same pairs
   data      reader ratio and samples/s against loader workers (0, 1, 2), synthetic and
             imagefolder data
   scaling   2 processes x 1 thread against 1 process x 1 thread: efficiency = ips2 / (2 ips1)
   amp       samples/s for O0-O3 (bfloat16) per backend, and the precision that really ran
-Runs of a pair alternate (unitrain, native, unitrain, ...) so that drift hits both alike;
-every figure is a median over repeats with its min-max spread. Timings are never asserted
+Runs of a pair alternate, and which goes first alternates from pair to pair, so that drift hits
+both alike; every figure is a median over repeats with its spread. Timings are never asserted
 by the test suite; it only checks that --quick runs and writes its files.
 """
 
@@ -28,19 +31,43 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, NamedTuple, Tuple
 
 import numpy as np
+
+from unitrain.machine import FLAGS
+from unitrain.machine import cpu as cpu_info
 
 HERE = Path(__file__).resolve().parent
 BACKENDS = ("paddle", "torch")
 LAUNCHERS = {"paddle": ["-m", "paddle.distributed.launch"], "torch": ["-m", "torch.distributed.run"]}
 
 
+class Size(NamedTuple):
+    model: str
+    image: int
+    steps: int
+    warmup: int
+
+
+#: The overhead section's networks: the natives build their own, so no "tiny" there. ResNet50 at
+#: 64x64 is the product's model; 12 steps as in the issue that measured the gap (0.2 s a step).
+OVERHEAD_SIZES = {True: [Size("resnet18", 16, 6, 2)], False: [Size("resnet18", 32, 30, 5), Size("resnet50", 64, 12, 2)]}
+
+
+def median_ci(values: List[float], level: float = 0.95, resamples: int = 2000) -> Tuple[float, float, float]:
+    """The median and a percentile-bootstrap confidence interval for it (seeded: reproducible)."""
+    values_ = np.asarray(values, dtype=float)
+    medians = np.median(np.random.default_rng(0).choice(values_, (resamples, len(values_))), axis=1)
+    tail = 100 * (1 - level) / 2
+    return float(np.median(values_)), float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
+
+
 class Bench:
-    def __init__(self, quick: bool, repeats: int, work: Path):
-        self.work, self.repeats = work, repeats
-        self.model, self.image, self.steps, self.warmup = ("tiny", 16, 8, 2) if quick else ("resnet18", 32, 30, 5)
+    def __init__(self, quick: bool, repeats: int, work: Path, pairs: int):
+        self.work, self.repeats, self.pairs = work, repeats, pairs
+        self.size = Size("tiny", 16, 8, 2) if quick else Size("resnet18", 32, 30, 5)
+        self.model, self.image, self.steps, self.warmup = self.size
         self.batch = 16
         self.quick = quick
         self.runs = 0
@@ -52,32 +79,36 @@ class Bench:
         d.mkdir(parents=True)
         return d
 
-    def _median_step(self, times: List[float]) -> float:
-        return statistics.median(times[self.warmup :] or times)
+    @staticmethod
+    def _median_step(times: List[float], size: Size) -> float:
+        return statistics.median(times[size.warmup :] or times)
 
-    def unitrain(self, backend: str, *overrides: str, world: int = 1, threads: int = 2) -> Dict[str, float]:
+    def unitrain(self, backend: str, *overrides: str, world: int = 1, threads: int = 2, size: Size | None = None) -> Dict[str, float]:
+        size = size or self.size
         d = self._dir(f"unitrain_{backend}")
-        common = [f"backend={backend}", f"model={self.model}", f"data.image_size={self.image}", f"trainer.steps={self.steps}",
+        common = [f"backend={backend}", f"model={size.model}", f"data.image_size={size.image}", f"trainer.steps={size.steps}",
                   f"trainer.batch_size={self.batch}", f"trainer.threads={threads}", f"dist.nproc_per_node={world}",
-                  "trainer.progress=false", f"profiler.warmup_steps={self.warmup}", "optim.lr=0.02"]  # fmt: skip
+                  "trainer.progress=false", f"profiler.warmup_steps={size.warmup}", "optim.lr=0.02"]  # fmt: skip
         launched = time.time()
         proc = subprocess.run([sys.executable, "-m", "unitrain", *common, *overrides, f"hydra.run.dir={d}"], capture_output=True, text=True)
         if proc.returncode != 0:
             raise RuntimeError(f"unitrain {backend} {overrides} failed:\n{proc.stderr[-3000:]}")
         summary = json.loads((d / "summary.json").read_text())
-        times = [json.loads(line)["batch_cost"] for line in (d / "metrics.jsonl").read_text().splitlines()]
+        records = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
+        records = [r for r in records if "batch_cost" in r]
         return {
-            "step_s": self._median_step(times),
+            "step_s": self._median_step([r["batch_cost"] for r in records], size),
+            "cpu_s": self._median_step([r["cpu_cost"] for r in records], size),
             "startup_s": summary["loop_started_at"] - launched,
             "ips": summary["throughput"]["samples_per_s"],
             "reader_ratio": summary["profiler"]["reader_ratio"],
             "effective": summary["precision"]["effective"],
         }
 
-    def native(self, backend: str, world: int = 1, threads: int = 2) -> Dict[str, float]:
+    def native(self, backend: str, size: Size, world: int = 1, threads: int = 2) -> Dict[str, float]:
         d = self._dir(f"native_{backend}")
         script = HERE / f"native_{backend}.py"
-        args = ["--model", self.model, "--image-size", str(self.image), "--steps", str(self.steps), "--batch-size", str(self.batch),
+        args = ["--model", size.model, "--image-size", str(size.image), "--steps", str(size.steps), "--batch-size", str(self.batch),
                 "--threads", str(threads), "--out", str(d / "result.json")]  # fmt: skip
         if world == 1:
             cmd = [sys.executable, str(script), *args]
@@ -90,24 +121,38 @@ class Bench:
         if proc.returncode != 0:
             raise RuntimeError(f"native {backend} x{world} failed:\n{proc.stderr[-3000:]}")
         result = json.loads((d / "result.json").read_text())
-        step = self._median_step(result["step_times"])
-        return {"step_s": step, "startup_s": result["loop_started_at"] - launched, "ips": self.batch * world / step}
+        step = self._median_step(result["step_times"], size)
+        return {"step_s": step, "cpu_s": self._median_step(result["cpu_times"], size), "startup_s": result["loop_started_at"] - launched,
+                "ips": self.batch * world / step}  # fmt: skip
 
     # --- sections ------------------------------------------------------------------------------
+    def _pair(self, backend: str, size: Size, world: int, threads: int, native_first: bool) -> Tuple[Dict, Dict]:
+        run_unitrain = lambda: self.unitrain(backend, world=world, threads=threads, size=size)  # noqa: E731
+        run_native = lambda: self.native(backend, size, world=world, threads=threads)  # noqa: E731
+        if native_first:
+            native = run_native()
+            return run_unitrain(), native
+        return run_unitrain(), run_native()
+
     def overhead(self) -> List[Dict]:
         rows = []
-        for backend in BACKENDS:
-            for world, threads in ((1, 2), (2, 1)):
-                pairs = [(self.unitrain(backend, world=world, threads=threads), self.native(backend, world=world, threads=threads)) for _ in range(self.repeats)]
-                ratios = [u["step_s"] / n["step_s"] for u, n in pairs]
-                rows.append({
-                    "backend": backend, "processes": world, "threads": threads,
-                    "unitrain_step_ms": 1e3 * statistics.median(u["step_s"] for u, _ in pairs),
-                    "native_step_ms": 1e3 * statistics.median(n["step_s"] for _, n in pairs),
-                    "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-                    "unitrain_startup_s": statistics.median(u["startup_s"] for u, _ in pairs),
-                    "native_startup_s": statistics.median(n["startup_s"] for _, n in pairs),
-                })  # fmt: skip
+        for size in OVERHEAD_SIZES[self.quick]:
+            for backend in BACKENDS:
+                for world, threads in ((1, 2), (2, 1)):
+                    pairs = [self._pair(backend, size, world, threads, native_first=i % 2 == 1) for i in range(self.pairs)]
+                    ratio, low, high = median_ci([u["step_s"] / n["step_s"] for u, n in pairs])
+                    cpu_ratio, cpu_low, cpu_high = median_ci([u["cpu_s"] / n["cpu_s"] for u, n in pairs])
+                    rows.append({
+                        "model": size.model, "image_size": size.image, "steps": size.steps, "backend": backend, "processes": world,
+                        "threads": threads, "pairs": len(pairs),
+                        "unitrain_step_ms": 1e3 * statistics.median(u["step_s"] for u, _ in pairs),
+                        "native_step_ms": 1e3 * statistics.median(n["step_s"] for _, n in pairs),
+                        "ratio": ratio, "ratio_ci": [low, high], "cpu_ratio": cpu_ratio, "cpu_ratio_ci": [cpu_low, cpu_high],
+                        "unitrain_startup_s": statistics.median(u["startup_s"] for u, _ in pairs),
+                        "native_startup_s": statistics.median(n["startup_s"] for _, n in pairs),
+                    })  # fmt: skip
+                    print(f"  {size.model} {size.image}px {backend} {world}x{threads}: ratio {ratio:.3f} [{low:.3f}, {high:.3f}], "
+                          f"cpu {cpu_ratio:.3f} [{cpu_low:.3f}, {cpu_high:.3f}]", flush=True)  # fmt: skip
         return rows
 
     def data(self) -> List[Dict]:
@@ -162,7 +207,8 @@ def machine() -> Dict[str, str]:
             versions[module] = subprocess.run([sys.executable, "-c", f"import {module}; print({module}.__version__)"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
         except IndexError:
             versions[module] = "?"
-    return {"cpu": cpu, "cores": str(os.cpu_count()), "python": platform.python_version(), **versions}
+    extensions = " ".join(cpu_info()["extensions"] or []) or "none of " + " ".join(FLAGS)
+    return {"cpu": cpu, "cores": str(os.cpu_count()), "extensions": extensions, "python": platform.python_version(), **versions}
 
 
 def markdown(results: Dict) -> str:
@@ -172,17 +218,23 @@ def markdown(results: Dict) -> str:
         return "\n".join(lines)
 
     m = results["machine"]
-    out = [f"# unitrain benchmarks\n\n{m['cpu']}, {m['cores']} cores, Python {m['python']}, torch {m['torch']}, paddle {m['paddle']}; "
+    out = [f"# unitrain benchmarks\n\n{m['cpu']}, {m['cores']} cores ({m.get('extensions', '?')}), Python {m['python']}, torch {m['torch']}, paddle {m['paddle']}; "
            f"{results['config']['model']} at {results['config']['image_size']}x{results['config']['image_size']}, batch {results['config']['batch_size']} "
            f"per process, {results['config']['steps']} steps ({results['config']['warmup']} left out as warm-up), {results['config']['repeats']} repeat(s); "
            f"medians, with min-max over repeats.\n"]  # fmt: skip
-    out += ["## Overhead: unitrain / native step time (target <= 1.01)\n", table(results["overhead"], [
-        ("backend", lambda r: r["backend"]), ("processes x threads", lambda r: f"{r['processes']} x {r['threads']}"),
+    out += ["## Overhead: unitrain / native step time (target <= 1.01)\n",
+            "Natives share only the dataset with unitrain (their own ResNets). Ratio: median over interleaved pairs of the runs' "
+            "median step times, [bootstrap 95% confidence interval]; CPU: the same for the process's CPU time per step.\n",
+            table(results["overhead"], [
+        ("model", lambda r: f"{r['model']} {r['image_size']}x{r['image_size']}"), ("backend", lambda r: r["backend"]),
+        ("processes x threads", lambda r: f"{r['processes']} x {r['threads']}"),
         ("unitrain ms/step", lambda r: f"{r['unitrain_step_ms']:.1f}"), ("native ms/step", lambda r: f"{r['native_step_ms']:.1f}"),
-        ("ratio", lambda r: f"{r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f})"),
+        ("ratio", lambda r: f"{r['ratio']:.3f} [{r['ratio_ci'][0]:.3f}, {r['ratio_ci'][1]:.3f}]"),
+        ("CPU ratio", lambda r: f"{r['cpu_ratio']:.3f} [{r['cpu_ratio_ci'][0]:.3f}, {r['cpu_ratio_ci'][1]:.3f}]"),
+        ("pairs", lambda r: str(r["pairs"])),
     ])]  # fmt: skip
     out += ["\n## Start-up: seconds from command to first step\n", table(results["overhead"], [
-        ("backend", lambda r: r["backend"]), ("processes", lambda r: str(r["processes"])),
+        ("model", lambda r: r["model"]), ("backend", lambda r: r["backend"]), ("processes", lambda r: str(r["processes"])),
         ("unitrain s", lambda r: f"{r['unitrain_startup_s']:.2f}"), ("native s", lambda r: f"{r['native_startup_s']:.2f}"),
     ])]  # fmt: skip
     out += ["\n## Data loading (target: reader ratio < 2% with workers)\n", table(results["data"], [
@@ -205,15 +257,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the tiny model and few steps: checks the harness, measures little")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--pairs", type=int, default=None, help="interleaved unitrain/native pairs per overhead row (default 10; 2 with --quick)")
     parser.add_argument("--sections", default="overhead,data,scaling,amp")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="unitrain-bench-"))
-    bench = Bench(args.quick, args.repeats, work)
+    args.pairs = args.pairs or (2 if args.quick else 10)
+    bench = Bench(args.quick, args.repeats, work, args.pairs)
     results = {"machine": machine(), "config": {"model": bench.model, "image_size": bench.image, "batch_size": bench.batch,
-               "steps": bench.steps, "warmup": bench.warmup, "repeats": args.repeats, "quick": args.quick}}  # fmt: skip
+               "steps": bench.steps, "warmup": bench.warmup, "repeats": args.repeats, "pairs": args.pairs, "quick": args.quick}}  # fmt: skip
     started = time.time()
     try:
         for section in args.sections.split(","):

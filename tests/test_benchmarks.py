@@ -14,11 +14,14 @@ HARNESS = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
 
 @pytest.mark.slow
 def test_quick_benchmark_writes_json_and_markdown(tmp_path):
-    proc = subprocess.run([sys.executable, str(HARNESS), "--quick", "--repeats", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([sys.executable, str(HARNESS), "--quick", "--repeats", "1", "--pairs", "2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert [r["backend"] for r in results["overhead"]] == ["paddle", "paddle", "torch", "torch"]
-    assert all(r["ratio"] > 0 and r["unitrain_startup_s"] > 0 and r["native_startup_s"] > 0 for r in results["overhead"])
+    for row in results["overhead"]:
+        assert row["model"] == "resnet18" and row["unitrain_startup_s"] > 0 and row["native_startup_s"] > 0
+        assert row["ratio_ci"][0] <= row["ratio"] <= row["ratio_ci"][1] and row["cpu_ratio_ci"][0] <= row["cpu_ratio"] <= row["cpu_ratio_ci"][1]
+    assert results["machine"]["extensions"]
     assert len(results["data"]) == 12 and {r["workers"] for r in results["data"]} == {0, 1, 2}
     assert {r["backend"] for r in results["scaling"]} == {"paddle", "torch"}
     amp = {(r["backend"], r["amp"]): r["effective"] for r in results["amp"]}
