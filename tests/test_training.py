@@ -36,8 +36,9 @@ def test_per_step_metrics_hold_what_the_issue_lists(backend, unitrain_cli):
     result = unitrain_cli(f"backend={backend}", *FAST, "trainer.steps=4", "optim.lr=0.1", "optim.warmup_steps=4")
     assert result.returncode == 0, result.stderr
     records = result.metrics()
-    for key in ("loss", "top1", "top5", "lr", "reader_cost", "batch_cost", "ips", "epoch", "step"):
+    for key in ("loss", "top1", "top5", "lr", "reader_cost", "batch_cost", "ips", "cpu_cost", "epoch", "step"):
         assert key in records[0], key
+    assert all(r["cpu_cost"] > 0 for r in records)
     assert [r["lr"] for r in records] == pytest.approx([0.025, 0.05, 0.075, 0.1])
     assert all(0 <= r["top1"] <= r["top5"] <= 1 for r in records)
     assert all(r["batch_cost"] >= r["reader_cost"] >= 0 for r in records)

@@ -15,6 +15,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, Iterator, List, Sequence, Tuple
 
+import numpy as np
+
 from unitrain.config import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
 from unitrain.distributed import DistributedContext
 from unitrain.errors import BackendUnavailableError, UnitrainError, UnknownNameError
@@ -124,8 +126,10 @@ class Backend(ABC):
     def capture_outputs(self, model) -> Iterator[List[Tuple[str, Any]]]:
         """Yield a list that fills with (layer name, NumPy output) for every leaf layer's call."""
         outputs: List[Tuple[str, Any]] = []
+        # Copied at once: to_numpy of a CPU float32 tensor shares its memory, which an in-place
+        # activation after the layer (torch's ResNets use nn.ReLU(inplace=True)) then rewrites.
         handles = [
-            self._on_output(layer, lambda out, name=name: outputs.append((name, self.to_numpy(out))))
+            self._on_output(layer, lambda out, name=name: outputs.append((name, np.array(self.to_numpy(out), copy=True))))
             for name, layer in self._leaf_layers(model)
         ]
         try:

@@ -1,7 +1,9 @@
 """Timer-only step profiling, identical for every backend.
 
 Per step: ``reader_cost`` (seconds waiting for the batch), ``batch_cost`` (seconds for the whole
-step, reader included) and ``ips`` (samples per second). The summary follows the layout of
+step, reader included), ``ips`` (samples per second) and ``cpu_cost`` (this process's CPU
+seconds in the step, all its threads: it drifts less than wall time on a shared machine, and
+above ``batch_cost`` it shows the threads at work). The summary follows the layout of
 Paddle's timer_only benchmark summary. The first ``warmup_steps`` steps are measured but left
 out of the summary: they hold allocator and kernel-selection warm-up, not steady state.
 """
@@ -22,6 +24,7 @@ class StepTime:
     reader_cost: float
     batch_cost: float
     num_samples: int
+    cpu_cost: float = 0.0
 
     @property
     def ips(self) -> float:
@@ -38,11 +41,12 @@ class Profiler:
         self.steps: List[StepTime] = []
         self._reader_cost = 0.0
         self._last: float | None = None
+        self._last_cpu = time.process_time()
 
     def timed(self, loader: Iterable[T]) -> Iterator[T]:
         """Iterate ``loader``, charging the wait for each batch to the next step's reader_cost."""
         if self._last is None:  # the clock runs on across epochs: their hand-over is step time too
-            self._last = time.perf_counter()
+            self._last, self._last_cpu = time.perf_counter(), time.process_time()
         start = time.perf_counter()
         iterator = iter(loader)
         # Starting the loader (its threads or worker processes) is waiting for data as well.
@@ -60,14 +64,14 @@ class Profiler:
     def restart_clock(self) -> None:
         """Time from here on is the next step's: what ran since the last step (evaluation) is
         neither step time nor reader time, so training throughput stays honest."""
-        self._last, self._reader_cost = time.perf_counter(), 0.0
+        self._last, self._reader_cost, self._last_cpu = time.perf_counter(), 0.0, time.process_time()
 
     def step(self, num_samples: int) -> StepTime:
         """Mark the end of a training step that consumed ``num_samples`` samples."""
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         last = self._last if self._last is not None else now
-        record = StepTime(self._reader_cost, now - last, num_samples)
-        self._last, self._reader_cost = now, 0.0
+        record = StepTime(self._reader_cost, now - last, num_samples, cpu - self._last_cpu)
+        self._last, self._reader_cost, self._last_cpu = now, 0.0, cpu
         if self.enabled:
             self.steps.append(record)
         return record

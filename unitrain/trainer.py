@@ -204,7 +204,7 @@ class Trainer:
                     timing = profiler.step(plan.global_batch)
                     tracer.step()
                     step += 1
-                    record = {"epoch": epoch, "step": step, "lr": lr, "reader_cost": timing.reader_cost, "batch_cost": timing.batch_cost, "ips": timing.ips}
+                    record = {"epoch": epoch, "step": step, "lr": lr, "reader_cost": timing.reader_cost, "batch_cost": timing.batch_cost, "ips": timing.ips, "cpu_cost": timing.cpu_cost}
                     record.update(precision.metrics(), elapsed_s=time.perf_counter() - started)
                     pending.append((record, local, stepped))
                     # Logged values are means over all ranks, not rank 0's alone. One all-reduce

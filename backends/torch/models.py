@@ -21,7 +21,7 @@ class BasicBlock(nn.Module):
         self.conv2, self.bn2 = _conv_bn(width, width, 3)
         # One activation module per use: quantizers match patterns (conv-bn-relu, add-relu) per
         # module, and a module used twice reads as one node with two outputs.
-        self.relu, self.relu_out = nn.ReLU(), nn.ReLU()
+        self.relu, self.relu_out = _relu(), _relu()
         self.downsample = _downsample(cin, width * self.expansion, stride)
 
     @property
@@ -44,7 +44,7 @@ class BottleneckBlock(nn.Module):
         self.conv1, self.bn1 = _conv_bn(cin, width, 1)
         self.conv2, self.bn2 = _conv_bn(width, width, 3, stride)
         self.conv3, self.bn3 = _conv_bn(width, width * self.expansion, 1)
-        self.relu, self.relu_mid, self.relu_out = nn.ReLU(), nn.ReLU(), nn.ReLU()
+        self.relu, self.relu_mid, self.relu_out = _relu(), _relu(), _relu()
         self.downsample = _downsample(cin, width * self.expansion, stride)
 
     @property
@@ -59,6 +59,12 @@ class BottleneckBlock(nn.Module):
         return self.relu_out(out + identity)
 
 
+def _relu() -> nn.ReLU:
+    # In place, as torchvision: a new tensor per activation cost ResNet50 at 64x64 about 7% of a
+    # CPU step against the same network with in-place ReLU (0.186 s against 0.174 s).
+    return nn.ReLU(inplace=True)
+
+
 def _downsample(cin: int, cout: int, stride: int) -> nn.Sequential | None:
     if stride == 1 and cin == cout:
         return None
@@ -70,7 +76,7 @@ class ResNet(nn.Module):
         super().__init__()
         block = BottleneckBlock if spec.block == "bottleneck" else BasicBlock
         self.conv1, self.bn1 = _conv_bn(3, spec.width, 7, stride=2)
-        self.relu = nn.ReLU()
+        self.relu = _relu()
         self.maxpool = nn.MaxPool2d(3, stride=2, padding=1)
         cin = spec.width
         for i, (width, depth) in enumerate(zip(spec.stage_widths(), spec.layers)):
