@@ -67,7 +67,6 @@ class Bench:
     def __init__(self, quick: bool, repeats: int, work: Path, pairs: int):
         self.work, self.repeats, self.pairs = work, repeats, pairs
         self.size = Size("tiny", 16, 8, 2) if quick else Size("resnet18", 32, 30, 5)
-        self.model, self.image, self.steps, self.warmup = self.size
         self.batch = 16
         self.quick = quick
         self.runs = 0
@@ -127,12 +126,12 @@ class Bench:
 
     # --- sections ------------------------------------------------------------------------------
     def _pair(self, backend: str, size: Size, world: int, threads: int, native_first: bool) -> Tuple[Dict, Dict]:
-        run_unitrain = lambda: self.unitrain(backend, world=world, threads=threads, size=size)  # noqa: E731
-        run_native = lambda: self.native(backend, size, world=world, threads=threads)  # noqa: E731
+        """(unitrain, native) results, run in the order asked for."""
         if native_first:
-            native = run_native()
-            return run_unitrain(), native
-        return run_unitrain(), run_native()
+            native = self.native(backend, size, world=world, threads=threads)
+            return self.unitrain(backend, world=world, threads=threads, size=size), native
+        ours = self.unitrain(backend, world=world, threads=threads, size=size)
+        return ours, self.native(backend, size, world=world, threads=threads)
 
     def overhead(self) -> List[Dict]:
         rows = []
@@ -163,7 +162,7 @@ class Bench:
             rng = np.random.default_rng(0)
             for cls in ("a", "b"):
                 (folder / cls).mkdir(parents=True)
-                for i in range(self.steps * self.batch // 2 + self.batch):
+                for i in range(self.size.steps * self.batch // 2 + self.batch):
                     Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(folder / cls / f"{i}.png")
         rows = []
         for backend in BACKENDS:
@@ -200,15 +199,15 @@ class Bench:
 
 
 def machine() -> Dict[str, str]:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), platform.processor())
+    info = cpu_info()
     versions = {}
     for module in ("torch", "paddle"):
         try:
             versions[module] = subprocess.run([sys.executable, "-c", f"import {module}; print({module}.__version__)"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
         except IndexError:
             versions[module] = "?"
-    extensions = " ".join(cpu_info()["extensions"] or []) or "none of " + " ".join(FLAGS)
-    return {"cpu": cpu, "cores": str(os.cpu_count()), "extensions": extensions, "python": platform.python_version(), **versions}
+    extensions = " ".join(info["extensions"] or []) or "none of " + " ".join(FLAGS)
+    return {"cpu": info["model"] or platform.processor(), "cores": str(os.cpu_count()), "extensions": extensions, "python": platform.python_version(), **versions}
 
 
 def markdown(results: Dict) -> str:
@@ -266,8 +265,8 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="unitrain-bench-"))
     args.pairs = args.pairs or (2 if args.quick else 10)
     bench = Bench(args.quick, args.repeats, work, args.pairs)
-    results = {"machine": machine(), "config": {"model": bench.model, "image_size": bench.image, "batch_size": bench.batch,
-               "steps": bench.steps, "warmup": bench.warmup, "repeats": args.repeats, "pairs": args.pairs, "quick": args.quick}}  # fmt: skip
+    results = {"machine": machine(), "config": {"model": bench.size.model, "image_size": bench.size.image, "batch_size": bench.batch,
+               "steps": bench.size.steps, "warmup": bench.size.warmup, "repeats": args.repeats, "pairs": args.pairs, "quick": args.quick}}  # fmt: skip
     started = time.time()
     try:
         for section in args.sections.split(","):

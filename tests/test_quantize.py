@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FAST, run_unitrain
+from unitrain import machine
 
 pytest.importorskip("torchao", reason="quantization tests need the quantize extra (make test installs it)")
 pytest.importorskip("onnxruntime", reason="quantization tests need the export extra (make test installs it)")
@@ -59,11 +60,7 @@ def rows(run_dir: Path):
 
 def cpu_flags() -> str:
     """The int8 kernels oneDNN picks depend on these (VNNI or not), so a failure names them."""
-    try:
-        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")).split()
-    except (OSError, StopIteration):
-        return "cpu flags unknown"
-    return " ".join(sorted(f for f in flags if f.startswith(("avx", "amx")) or "vnni" in f))
+    return " ".join(machine.cpu()["extensions"] or ["cpu flags unknown"])
 
 
 def assert_close_to_fp32(table):
