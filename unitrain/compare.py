@@ -42,7 +42,8 @@ class Run:
     @property
     def label(self) -> str:
         s = self.summary
-        return f"{s['backend']} {s['precision']['requested']}" + (f" x{s['world_size']}" if s["world_size"] > 1 else "")
+        tuned = " tuned" if (s.get("tuning") or {}).get("settings") == "tuned" else ""
+        return f"{s['backend']}{tuned} {s['precision']['requested']}" + (f" x{s['world_size']}" if s["world_size"] > 1 else "")
 
     @property
     def config_hash(self) -> str:
@@ -246,26 +247,32 @@ def fairness_warnings(runs: List[Run]) -> List[str]:
 def table_rows(
     groups: List[List[Run]], baseline: int = 0, target_loss: Optional[float] = None, target_accuracy: Optional[float] = None
 ) -> List[Dict[str, str]]:
-    base = throughput(groups[baseline])
     held_out = any(r.summary.get("eval") for g in groups for r in g)
+    # A tuned row is never ranked against a same-settings row: each row's ratio refers to the
+    # baseline when their settings agree, else to the first row with the row's own settings.
+    settings = [settings_of(g[0]) for g in groups]
     rows = []
     for i, group in enumerate(groups):
+        ref = baseline if settings[baseline] == settings[i] else settings.index(settings[i])
+        base = throughput(groups[ref])
         s, t = group[0].summary, throughput(group)
         finals = [r.summary.get("final") or {} for r in group]
         ratio = t["median"] / base["median"] if base["median"] else float("nan")
-        overlap = i != baseline and t["low"] <= base["high"] and base["low"] <= t["high"]
+        overlap = i != ref and t["low"] <= base["high"] and base["low"] <= t["high"]
         memory = max((r.summary.get("memory") or {}).get("peak_host_rss_mb", [0]) for r in group)
         reached = [time_to_loss(r, target_loss) for r in group] if target_loss is not None else []
         p = s["precision"]
         rows.append({
             "backend": s["backend"],
+            "settings": settings[i],
             "amp requested": p["requested"],
             "amp effective": p["effective"],
             "world": str(s["world_size"]),
             "global batch": str(s["global_batch_size"]),
             "samples/s": f"{t['median']:.1f}",
             "spread": f"{t['low']:.1f}-{t['high']:.1f} ({t['over']})",
-            "vs baseline": "baseline" if i == baseline else f"x{ratio:.2f}" + (" (within noise)" if overlap else ""),
+            "vs baseline": ("baseline" if ref == baseline else f"baseline ({settings[i]})") if i == ref
+            else f"x{ratio:.2f}" + (" (within noise)" if overlap else ""),
             "reader ratio": f"{100 * (s.get('profiler') or {}).get('reader_ratio', 0):.1f}%",
             "peak RSS MB": f"{max(memory):.0f}" if memory else "n/a",
             "final loss": _mean_of(finals, "loss", ".4f"),
@@ -275,6 +282,11 @@ def table_rows(
             **({f"time to top-1 {target_accuracy:g}": _time_to_accuracy_cell(group, target_accuracy)} if target_accuracy is not None else {}),
         })  # fmt: skip
     return rows
+
+
+def settings_of(run: Run) -> str:
+    """"tuned" or "same settings", from what the run recorded (runs before unitrain.tuning: same)."""
+    return (run.summary.get("tuning") or {}).get("settings", "same settings")
 
 
 def _mean_of(finals: List[Dict[str, Any]], key: str, fmt: str) -> str:

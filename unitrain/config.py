@@ -38,6 +38,7 @@ PS_DATASETS = ("criteo", "criteo_synthetic")
 PS_OPTIMIZERS = ("sgd",)
 DIST_MODES = ("collective", "ps")
 PS_SYNC_MODES = ("sync", "async", "geo")
+GRAD_COMPRESSIONS = ("none", "fp16", "bf16")
 LOGGERS = ("tensorboard", "visualdl")
 NONFINITE_POLICIES = ("stop", "warn")
 
@@ -47,6 +48,13 @@ class BackendConfig:
     name: str = MISSING
     # auto: the accelerator when the framework sees one, else cpu.
     device: str = "auto"
+    # true: add the framework's own documented speed settings for the device (unitrain.tuning:
+    # torch.compile and channels-last; Paddle's to_static). Rows are labelled "tuned" and
+    # never ranked against "same settings" rows.
+    tuned: bool = False
+    # With tuned=true: which of the framework's settings (torch: compile, channels_last; paddle:
+    # to_static); null: the ones that helped on this kind of device when measured (unitrain.tuning).
+    tuned_settings: Optional[List[str]] = None
 
 
 @dataclass
@@ -206,6 +214,12 @@ class DistConfig:
     sync_bn: bool = False
     # Seconds the nodes of a multi-node job wait for each other at rendezvous before giving up.
     timeout_s: float = 300.0
+    # Gradient all-reduce levers, the frameworks' own. bucket_cap_mb: how many MB of gradients
+    # go into one all-reduce (torch DDP's bucket_cap_mb, Paddle's fuse_grad_size_in_MB); None
+    # keeps the framework's default (25 MB in both). grad_compression: fp16 sends gradients as
+    # float16 and casts them back (torch's fp16_compress_hook); bf16 likewise in bfloat16.
+    bucket_cap_mb: Optional[float] = None
+    grad_compression: str = "none"
 
 
 @dataclass
@@ -389,6 +403,13 @@ def validate(cfg: UnitrainConfig | Any) -> None:
             f"a multiple of {world} (processes x accumulate_steps) with optim.lr_scaling=keep_global",
         )  # fmt: skip
     _one_of("dist.comm_backend", cfg.dist.comm_backend, ("auto", "gloo", "nccl"))
+    _one_of("dist.grad_compression", cfg.dist.grad_compression, GRAD_COMPRESSIONS)
+    if cfg.dist.grad_compression != "none" and cfg.backend.name == "paddle":
+        raise ConfigError("dist.grad_compression", cfg.dist.grad_compression, "none with backend=paddle: Paddle's dynamic-graph DataParallel has no gradient compression")
+    if cfg.dist.bucket_cap_mb is not None and not cfg.dist.bucket_cap_mb > 0:
+        raise ConfigError("dist.bucket_cap_mb", cfg.dist.bucket_cap_mb, "a size in MB > 0, or null for the framework's default")
+    if cfg.dist.bucket_cap_mb is not None and cfg.backend.name == "paddle" and cfg.dist.bucket_cap_mb != int(cfg.dist.bucket_cap_mb):
+        raise ConfigError("dist.bucket_cap_mb", cfg.dist.bucket_cap_mb, "a whole number of MB with backend=paddle (Fleet's fuse_grad_size_in_MB is an integer)")
     _positive("dist.timeout_s", cfg.dist.timeout_s)
     from unitrain.schedule import BatchPlan  # schedule imports this module
 

@@ -92,6 +92,11 @@ class DistributedContext:
         """Skip gradient synchronisation inside (non-final micro-steps of gradient accumulation)."""
         yield
 
+    def grad_sync(self) -> dict | None:
+        """How gradients were all-reduced, as the framework reports it (buckets, compression);
+        None where nothing was synchronised."""
+        return None
+
     def describe(self) -> dict:
         return {
             "rank": self.rank,
@@ -99,4 +104,5 @@ class DistributedContext:
             "local_rank": self.local_rank,
             "device": self.device,
             "comm_backend": getattr(self, "comm_backend", None) if self.is_distributed else None,
+            "grad_sync": self.grad_sync(),
         }

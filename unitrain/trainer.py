@@ -31,6 +31,7 @@ from unitrain.metrics import MetricsLog, NonFiniteWatch, metrics_history, topk_a
 from unitrain.profiler import Profiler, Tracer
 from unitrain.progress import StepProgress
 from unitrain.tracing import load_events, operators_markdown, top_operators
+from unitrain.tuning import Tuning, make_tuning
 from unitrain.sampler import DistributedBatchSampler
 from unitrain.schedule import BatchPlan, lr_at
 from unitrain.threads import export_threads, resolve_threads
@@ -66,6 +67,7 @@ class Job:
     start_step: int = 0
     history: List[Dict[str, Any]] = field(default_factory=list)
     evaluator: Optional[Evaluator] = None
+    tuning: Tuning = field(default_factory=Tuning)
 
 
 class Trainer:
@@ -119,6 +121,8 @@ class Trainer:
         model = backend.build_model(cfg.model.name, num_classes, dist.device, cfg.model.zero_init_residual, cfg.model.init, cfg.trainer.seed)
         if self.prepare_model is not None:
             model = self.prepare_model(model)
+        tuning = make_tuning(backend, cfg.backend.tuned, dist.device, cfg.backend.tuned_settings)
+        model = tuning.prepare_model(model)
         optimizer = backend.build_optimizer(model, cfg.optim)
         model, optimizer = precision.decorate(model, optimizer)
         start_step, history = self._resume(model, optimizer, precision)
@@ -129,13 +133,13 @@ class Trainer:
             clean_partial_checkpoints(self.run_dir)
         held_out = build_heldout_dataset(cfg.data, seed=cfg.trainer.seed)
         evaluator = Evaluator(backend, held_out, dist, cfg.trainer.eval_batch_size, cfg.data.num_workers) if held_out is not None else None
-        wrapped_model, wrapped_optimizer = dist.wrap_model(model), dist.wrap_optimizer(optimizer)
+        wrapped_model, wrapped_optimizer = tuning.wrap_model(dist.wrap_model(model)), dist.wrap_optimizer(optimizer)
         if cfg.data.augment != "none":
             dataset, sampler = AugmentedDataset(dataset, cfg.trainer.seed, cfg.data.augment), EpochKeyedBatches(sampler, len(dataset))
         loader = guard(backend.make_loader(dataset, sampler, cfg.data.num_workers, dist.device), dataset, backend)
         return Job(
             dist, precision, plan, dataset, sampler, loader, wrapped_model, wrapped_optimizer, model, optimizer,
-            steps_per_epoch, total_steps, num_classes, start_step, history, evaluator,
+            steps_per_epoch, total_steps, num_classes, start_step, history, evaluator, tuning,
         )  # fmt: skip
 
     def train_mode(self, job: "Job") -> None:
@@ -157,7 +161,7 @@ class Trainer:
             sync = contextlib.nullcontext() if micro == accumulate else job.dist.no_sync(job.model)
             with sync:
                 with precision.autocast():
-                    logits = job.model(precision.convert_input(images))
+                    logits = job.model(precision.convert_input(job.tuning.convert_input(images)))
                     loss = backend.loss(logits, labels, self.cfg.optim.label_smoothing)
                 precision.backward(loss / accumulate if accumulate > 1 else loss)
             # Reading values back also waits for the device, so the step time is honest.
@@ -246,6 +250,7 @@ class Trainer:
             cpu=machine.cpu(),
             data_skipped_files=self._skipped(job),
             eval=self._eval_summary(evaluations),
+            tuning=job.tuning.describe(),
         )
         if dist.is_main_process:
             log.info("\n%s", profiler.format_summary())

@@ -7,6 +7,7 @@ PADDLE_TRAINER_ID, PADDLE_TRAINERS_NUM and PADDLE_LOCAL_RANK to every worker it 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from typing import Any, Iterator
 
@@ -42,11 +43,22 @@ class PaddleDistributedContext(DistributedContext):
             raise ConfigError(
                 "dist.comm_backend", self.cfg.comm_backend, f"auto or {self.comm_backend}: paddle uses {self.comm_backend} on {self.device}"
             )
+        if self.cfg.grad_compression != "none":
+            # fp16_allreduce and DGC in DistributedStrategy are static-graph meta-optimizers; the
+            # dynamic graph's DataParallel all-reduces gradients in their own dtype, with no hook.
+            raise ConfigError("dist.grad_compression", self.cfg.grad_compression, "none with backend=paddle: Paddle's dynamic-graph DataParallel has no gradient compression")
+        if self.cfg.bucket_cap_mb is not None and self.cfg.bucket_cap_mb != int(self.cfg.bucket_cap_mb):
+            raise ConfigError("dist.bucket_cap_mb", self.cfg.bucket_cap_mb, "a whole number of MB with backend=paddle (Fleet's fuse_grad_size_in_MB is an integer)")
+        self._data_parallel: paddle.DataParallel | None = None
 
     def setup(self) -> "PaddleDistributedContext":
         paddle.set_device(self.device)
         if self.is_distributed:
-            fleet.init(is_collective=True, strategy=fleet.DistributedStrategy())
+            strategy = fleet.DistributedStrategy()
+            if self.cfg.bucket_cap_mb is not None:
+                # fleet.distributed_model hands it to paddle.DataParallel as comm_buffer_size.
+                strategy.fuse_grad_size_in_MB = int(self.cfg.bucket_cap_mb)
+            fleet.init(is_collective=True, strategy=strategy)
         return super().setup()
 
     def teardown(self) -> None:
@@ -79,7 +91,28 @@ class PaddleDistributedContext(DistributedContext):
         if not self.is_distributed:
             return model
         # paddle.DataParallel broadcasts rank 0's parameters at construction: all ranks start equal.
-        return fleet.distributed_model(model)
+        self._data_parallel = fleet.distributed_model(model)
+        return self._data_parallel
+
+    def grad_sync(self) -> dict | None:
+        """The all-reduce groups DataParallel made (its group_indices over the trainable
+        parameters, in the order its init_reducer lists them) and their sizes."""
+        dp = self._data_parallel
+        if not isinstance(dp, paddle.DataParallel) or not hasattr(dp, "group_indices"):
+            return None
+        params, seen = [], set()
+        for layer in dp.sublayers():
+            for _, p in layer.named_parameters(include_sublayers=False):
+                if p is not None and id(p) not in seen and p.trainable and not getattr(p, "no_sync", False):
+                    seen.add(id(p))
+                    params.append(p)
+        sizes = [sum(math.prod(params[i].shape) * params[i].element_size() for i in group) for group in dp.group_indices]
+        return {
+            "buckets": len(sizes),
+            "bucket_mb": [round(b / 2**20, 2) for b in sizes],
+            "bucket_cap_mb": dp.comm_buffer_size / 2**20,
+            "comm_hook": "none (float32 all-reduce)",
+        }
 
     def wrap_optimizer(self, optimizer):
         return fleet.distributed_optimizer(optimizer) if self.is_distributed else optimizer

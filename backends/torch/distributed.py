@@ -13,6 +13,7 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 import torch.distributed as tdist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from unitrain.config import DistConfig
@@ -20,6 +21,7 @@ from unitrain.distributed import DistributedContext
 from unitrain.errors import ConfigError
 
 _OPS = {"sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}
+_COMPRESSION_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 
 
 def _convert_sync_batchnorm(model: torch.nn.Module) -> torch.nn.Module:
@@ -29,6 +31,11 @@ def _convert_sync_batchnorm(model: torch.nn.Module) -> torch.nn.Module:
     except ImportError:
         return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     return convert_syncbn_model(model)
+
+
+def _uncompiled(model: Any) -> Any:
+    """The module inside torch.compile's wrapper (backend.tuned compiles around DDP)."""
+    return getattr(model, "_orig_mod", model)
 
 
 def resolve_device(requested: str, local_rank: int) -> str:
@@ -48,6 +55,10 @@ class TorchDistributedContext(DistributedContext):
         self.comm_backend = default if self.cfg.comm_backend == "auto" else self.cfg.comm_backend
         if self.comm_backend == "nccl" and not self.device.startswith("cuda"):
             raise ConfigError("dist.comm_backend", "nccl", "auto or gloo: nccl needs CUDA devices and this run is on cpu")
+        if self.cfg.grad_compression == "bf16" and self.comm_backend != "nccl":
+            # torch's bf16_compress_hook checks for NCCL 2.10+ (or XPU) and raises otherwise.
+            raise ConfigError("dist.grad_compression", "bf16", f"none or fp16 with {self.comm_backend}: torch's bf16_compress_hook needs NCCL (CUDA)")
+        self._ddp: DistributedDataParallel | None = None
 
     def setup(self) -> "TorchDistributedContext":
         if self.device.startswith("cuda"):
@@ -88,13 +99,34 @@ class TorchDistributedContext(DistributedContext):
             return model
         # DDP broadcasts rank 0's parameters and buffers at construction: all ranks start equal.
         device_ids = [self.local_rank] if self.device.startswith("cuda") else None
-        return DistributedDataParallel(model, device_ids=device_ids)
+        buckets = {} if self.cfg.bucket_cap_mb is None else {"bucket_cap_mb": self.cfg.bucket_cap_mb}
+        self._ddp = DistributedDataParallel(model, device_ids=device_ids, **buckets)
+        if self.cfg.grad_compression != "none":
+            self._ddp.register_comm_hook(None, _COMPRESSION_HOOKS[self.cfg.grad_compression])
+        return self._ddp
+
+    def grad_sync(self) -> dict | None:
+        """What DDP reports it did: its buckets (rebuilt after the first step in the order
+        gradients became ready) and the communication hook in use."""
+        if self._ddp is None:
+            return None
+        data = self._ddp._get_ddp_logging_data()
+        # The logging data keeps the buckets of construction; the reducer's are the current ones.
+        sizes = [b.buffer().numel() * b.buffer().element_size() for b in self._ddp.reducer._get_zeros_like_grad_buckets()]
+        return {
+            "buckets": len(sizes),
+            "bucket_mb": [round(b / 2**20, 2) for b in sizes],
+            "bucket_cap_mb": data.get("bucket_cap_bytes", 0) / 2**20,
+            "comm_hook": data.get("comm_hook") or "none (float32 all-reduce)",
+        }
 
     def unwrap_model(self, model: Any) -> Any:
+        model = _uncompiled(model)
         return model.module if isinstance(model, DistributedDataParallel) else model
 
     @contextlib.contextmanager
     def no_sync(self, model: Any) -> Iterator[None]:
+        model = _uncompiled(model)
         if isinstance(model, DistributedDataParallel):
             with model.no_sync():
                 yield
