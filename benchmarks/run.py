@@ -8,10 +8,17 @@ Sections (each a table in results.md, all numbers in results.json):
             network, batch, data, threads, steps; 1 x 2 and 2 x 1 processes x threads; ResNet18
             at 32x32 and ResNet50 at 64x64; wall and CPU time per step, median ratio over pairs
             with a bootstrap 95% confidence interval
+  loop      Trainer.train_step against a hand-written step, alternating in one process on the
+            same model and batches (benchmarks/loop_overhead.py): the loop's own cost
   startup   seconds from launching the command to the first training step, same pairs
   data      reader ratio and samples/s against loader workers (0, 1, 2), synthetic and
             imagefolder data
-  scaling   2 processes x 1 thread against 1 process x 1 thread: efficiency = ips2 / (2 ips1)
+  scaling   2 processes x 1 thread against 1 process x 1 thread: efficiency = ips2 / (2 ips1),
+            with the frameworks' all-reduce levers (bucket sizes; torch's fp16 compression) and
+            the ceiling of two independent jobs at once
+  compression  held-out top-1 with and without fp16 gradient compression (torch, 2 x 1)
+  tuned     backend.tuned=true against the same settings (torch.compile + channels-last;
+            Paddle's to_static), interleaved pairs, with what each framework reported it did
   amp       samples/s for O0-O3 (bfloat16) per backend, and the precision that really ran
 Runs of a pair alternate, and which goes first alternates from pair to pair, so that drift hits
 both alike; every figure is a median over repeats with its spread. Timings are never asserted
@@ -53,6 +60,13 @@ class Size(NamedTuple):
 #: The overhead section's networks: the natives build their own, so no "tiny" there. ResNet50 at
 #: 64x64 is the product's model; 12 steps as in the issue that measured the gap (0.2 s a step).
 OVERHEAD_SIZES = {True: [Size("resnet18", 16, 6, 2)], False: [Size("resnet18", 32, 30, 5), Size("resnet50", 64, 12, 2)]}
+SCALING_BUCKETS = {True: (5,), False: (5, 100)}
+# Compilers spend the first steps tracing and compiling: more warm-up left out.
+TUNED_SIZES = {True: [Size("tiny", 16, 6, 3)], False: [Size("resnet18", 32, 30, 8), Size("resnet50", 64, 16, 6)]}
+# Each backend's default tuned set, and each setting alone; Paddle's default on a CPU is empty
+# (to_static measured no faster), so its row names to_static to keep measuring it.
+TUNED_VARIANTS = {True: [("paddle", "to_static"), ("torch", "default")],
+                  False: [("paddle", "to_static"), ("torch", "default"), ("torch", "compile"), ("torch", "channels_last")]}
 
 
 def median_ci(values: List[float], level: float = 0.95, resamples: int = 2000) -> Tuple[float, float, float]:
@@ -83,15 +97,24 @@ class Bench:
         return statistics.median(times[size.warmup :] or times)
 
     def unitrain(self, backend: str, *overrides: str, world: int = 1, threads: int = 2, size: Size | None = None) -> Dict[str, float]:
+        return self._result(self._start(backend, *overrides, world=world, threads=threads, size=size))
+
+    def _start(self, backend: str, *overrides: str, world: int = 1, threads: int = 2, size: Size | None = None):
         size = size or self.size
         d = self._dir(f"unitrain_{backend}")
         common = [f"backend={backend}", f"model={size.model}", f"data.image_size={size.image}", f"trainer.steps={size.steps}",
                   f"trainer.batch_size={self.batch}", f"trainer.threads={threads}", f"dist.nproc_per_node={world}",
                   "trainer.progress=false", f"profiler.warmup_steps={size.warmup}", "optim.lr=0.02"]  # fmt: skip
         launched = time.time()
-        proc = subprocess.run([sys.executable, "-m", "unitrain", *common, *overrides, f"hydra.run.dir={d}"], capture_output=True, text=True)
+        proc = subprocess.Popen([sys.executable, "-m", "unitrain", *common, *overrides, f"hydra.run.dir={d}"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        return proc, d, launched, size, (backend, overrides)
+
+    def _result(self, started) -> Dict[str, float]:
+        proc, d, launched, size, what = started
+        _, stderr = proc.communicate()
         if proc.returncode != 0:
-            raise RuntimeError(f"unitrain {backend} {overrides} failed:\n{proc.stderr[-3000:]}")
+            raise RuntimeError(f"unitrain {what} failed:\n{stderr[-3000:]}")
         summary = json.loads((d / "summary.json").read_text())
         records = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
         records = [r for r in records if "batch_cost" in r]
@@ -102,6 +125,9 @@ class Bench:
             "ips": summary["throughput"]["samples_per_s"],
             "reader_ratio": summary["profiler"]["reader_ratio"],
             "effective": summary["precision"]["effective"],
+            "tuning": summary.get("tuning"),
+            "grad_sync": summary.get("grad_sync"),
+            "val_top1": (summary.get("eval") or {}).get("val_top1"),
         }
 
     def native(self, backend: str, size: Size, world: int = 1, threads: int = 2) -> Dict[str, float]:
@@ -154,6 +180,30 @@ class Bench:
                           f"cpu {cpu_ratio:.3f} [{cpu_low:.3f}, {cpu_high:.3f}]", flush=True)  # fmt: skip
         return rows
 
+    def loop(self) -> List[Dict]:
+        """Trainer.train_step against a hand-written step in one process (benchmarks/loop_overhead.py):
+        what the loop itself adds, free of process-to-process drift."""
+        rows = []
+        for size in OVERHEAD_SIZES[self.quick]:
+            for backend in BACKENDS:
+                out = self._dir(f"loop_{backend}") / "result.json"
+                steps = max(size.steps - size.warmup, 4)
+                cmd = [sys.executable, str(HERE / "loop_overhead.py"), "--backend", backend, "--model", size.model,
+                       "--image-size", str(size.image), "--steps", str(steps), "--out", str(out)]  # fmt: skip
+                proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"})
+                if proc.returncode != 0:
+                    raise RuntimeError(f"loop_overhead {backend} failed:\n{proc.stderr[-3000:]}")
+                t = json.loads(out.read_text())
+                pairs = list(zip(t["unitrain"], t["by_hand"]))
+                ratio, low, high = median_ci([u[0] / h[0] for u, h in pairs])
+                cpu, cpu_low, cpu_high = median_ci([u[1] / h[1] for u, h in pairs])
+                rows.append({"model": size.model, "image_size": size.image, "backend": backend, "steps": len(pairs),
+                             "unitrain_step_ms": 1e3 * statistics.median(u[0] for u, _ in pairs),
+                             "by_hand_step_ms": 1e3 * statistics.median(h[0] for _, h in pairs),
+                             "ratio": ratio, "ratio_ci": [low, high], "cpu_ratio": cpu, "cpu_ratio_ci": [cpu_low, cpu_high]})  # fmt: skip
+                print(f"  loop {size.model} {backend}: {ratio:.3f} [{low:.3f}, {high:.3f}], cpu {cpu:.3f} [{cpu_low:.3f}, {cpu_high:.3f}]", flush=True)
+        return rows
+
     def data(self) -> List[Dict]:
         folder = self.work / "imagefolder"
         if not folder.exists():
@@ -176,13 +226,76 @@ class Bench:
         return rows
 
     def scaling(self) -> List[Dict]:
+        """2 processes x 1 thread against 1 x 1, with the frameworks' all-reduce levers, and the
+        ceiling: two independent 1 x 1 jobs at once (no communication), which shows how much of
+        the loss is the all-reduce and how much the machine (shared caches, memory bandwidth)."""
         rows = []
         for backend in BACKENDS:
-            one = [self.unitrain(backend, world=1, threads=1)["ips"] for _ in range(self.repeats)]
-            two = [self.unitrain(backend, world=2, threads=1)["ips"] for _ in range(self.repeats)]
-            effs = [b / (2 * a) for a, b in zip(one, two)]
-            rows.append({"backend": backend, "ips_1x1": statistics.median(one), "ips_2x1": statistics.median(two),
-                         "efficiency": statistics.median(effs), "efficiency_min": min(effs), "efficiency_max": max(effs)})  # fmt: skip
+            variants = {"no all-reduce (2 independent jobs)": None, "default": []}
+            variants.update({f"bucket_cap_mb={mb}": [f"dist.bucket_cap_mb={mb}"] for mb in SCALING_BUCKETS[self.quick]})
+            if backend == "torch":
+                variants["grad_compression=fp16"] = ["dist.grad_compression=fp16"]
+            runs: Dict[str, List[Dict]] = {name: [] for name in variants}
+            one = []
+            for _ in range(self.repeats):
+                one.append(self.unitrain(backend, world=1, threads=1))
+                for name, overrides in variants.items():
+                    if overrides is None:
+                        jobs = [self._start(backend, world=1, threads=1) for _ in range(2)]
+                        results = [self._result(job) for job in jobs]
+                        runs[name].append({"ips": sum(r["ips"] for r in results), "grad_sync": None})
+                    else:
+                        runs[name].append(self.unitrain(backend, *overrides, world=2, threads=1))
+            for name, rs in runs.items():
+                effs = [r["ips"] / (2 * o["ips"]) for o, r in zip(one, rs)]
+                sync = rs[0]["grad_sync"] or {}
+                rows.append({"backend": backend, "variant": name, "ips_1x1": statistics.median(o["ips"] for o in one),
+                             "ips_2x1": statistics.median(r["ips"] for r in rs), "efficiency": statistics.median(effs),
+                             "efficiency_min": min(effs), "efficiency_max": max(effs), "buckets": sync.get("bucket_mb"),
+                             "comm_hook": sync.get("comm_hook")})  # fmt: skip
+                print(f"  {backend} {name}: efficiency {rows[-1]['efficiency']:.2f} ({min(effs):.2f}-{max(effs):.2f})", flush=True)
+        return rows
+
+    def compression(self) -> List[Dict]:
+        """What fp16 gradient compression costs in held-out accuracy: the same 2-process job on
+        Fashion-MNIST (or, with --quick or without the dataset, held-out synthetic data) with
+        and without it, over the repeats' seeds."""
+        from unitrain.fashion_mnist import available
+
+        data = ["data=fashion_mnist"] if available() and not self.quick else ["data=learnable", "data.val_samples=256"]
+        size = self.size if self.quick else Size("resnet18", 32, 300, 5)
+        rows = []
+        for compression in ("none", "fp16"):
+            runs = [self.unitrain("torch", *data, f"dist.grad_compression={compression}", f"trainer.seed={seed}", "optim.lr=0.05",
+                                  world=2, threads=1, size=size) for seed in range(self.repeats)]  # fmt: skip
+            tops = [r["val_top1"] for r in runs]
+            rows.append({"backend": "torch", "data": data[0].split("=")[1], "steps": size.steps, "grad_compression": compression,
+                         "val_top1": statistics.median(tops), "val_top1_min": min(tops), "val_top1_max": max(tops),
+                         "ips": statistics.median(r["ips"] for r in runs)})  # fmt: skip
+            print(f"  torch grad_compression={compression}: held-out top-1 {rows[-1]['val_top1']:.4f} ({min(tops):.4f}-{max(tops):.4f})", flush=True)
+        return rows
+
+    def tuned(self) -> List[Dict]:
+        """Same settings against backend.tuned=true (and each framework setting alone, named in
+        backend.tuned_settings), interleaved pairs, at the overhead sizes; the speed-up is tuned
+        samples/s over same-settings samples/s (compilation falls in the warm-up steps)."""
+        rows = []
+        for size in TUNED_SIZES[self.quick]:
+            for backend, variant in TUNED_VARIANTS[self.quick]:
+                overrides = ["backend.tuned=true"] + ([f"backend.tuned_settings=[{variant}]"] if variant != "default" else [])
+                pairs = []
+                for i in range(self.pairs):
+                    first, second = (overrides, ["backend.tuned=false"]) if i % 2 else (["backend.tuned=false"], overrides)
+                    a, b = self.unitrain(backend, *first, size=size), self.unitrain(backend, *second, size=size)
+                    pairs.append((a, b) if i % 2 == 0 else (b, a))
+                speedup, low, high = median_ci([t["ips"] / s["ips"] for s, t in pairs])
+                rows.append({
+                    "model": size.model, "image_size": size.image, "backend": backend, "variant": variant, "pairs": len(pairs),
+                    "same_ips": statistics.median(s["ips"] for s, _ in pairs), "tuned_ips": statistics.median(t["ips"] for _, t in pairs),
+                    "speedup": speedup, "speedup_ci": [low, high], "applied": pairs[0][1]["tuning"]["applied"],
+                    "skipped": pairs[0][1]["tuning"]["skipped"],
+                })  # fmt: skip
+                print(f"  {size.model} {size.image}px {backend} {variant}: tuned/same {speedup:.3f} [{low:.3f}, {high:.3f}] {rows[-1]['applied']}", flush=True)
         return rows
 
     def amp(self) -> List[Dict]:
@@ -232,6 +345,15 @@ def markdown(results: Dict) -> str:
         ("CPU ratio", lambda r: f"{r['cpu_ratio']:.3f} [{r['cpu_ratio_ci'][0]:.3f}, {r['cpu_ratio_ci'][1]:.3f}]"),
         ("pairs", lambda r: str(r["pairs"])),
     ])]  # fmt: skip
+    if results.get("loop"):
+        out += ["\n## The loop alone: Trainer.train_step / a hand-written step, alternating in one process\n",
+                "Same model, optimizer and batches; median over steps of the per-step ratio, [bootstrap 95% CI].\n", table(results["loop"], [
+            ("model", lambda r: f"{r['model']} {r['image_size']}x{r['image_size']}"), ("backend", lambda r: r["backend"]),
+            ("unitrain ms/step", lambda r: f"{r['unitrain_step_ms']:.1f}"), ("by hand ms/step", lambda r: f"{r['by_hand_step_ms']:.1f}"),
+            ("ratio", lambda r: f"{r['ratio']:.3f} [{r['ratio_ci'][0]:.3f}, {r['ratio_ci'][1]:.3f}]"),
+            ("CPU ratio", lambda r: f"{r['cpu_ratio']:.3f} [{r['cpu_ratio_ci'][0]:.3f}, {r['cpu_ratio_ci'][1]:.3f}]"),
+            ("steps", lambda r: str(r["steps"])),
+        ])]  # fmt: skip
     out += ["\n## Start-up: seconds from command to first step\n", table(results["overhead"], [
         ("model", lambda r: r["model"]), ("backend", lambda r: r["backend"]), ("processes", lambda r: str(r["processes"])),
         ("unitrain s", lambda r: f"{r['unitrain_startup_s']:.2f}"), ("native s", lambda r: f"{r['native_startup_s']:.2f}"),
@@ -240,11 +362,29 @@ def markdown(results: Dict) -> str:
         ("backend", lambda r: r["backend"]), ("data", lambda r: r["data"]), ("workers", lambda r: str(r["workers"])),
         ("reader ratio", lambda r: f"{100 * r['reader_ratio']:.2f}%"), ("samples/s", lambda r: f"{r['ips']:.1f}"),
     ])]  # fmt: skip
-    out += ["\n## Data-parallel scaling on this machine (efficiency = ips(2x1) / (2 ips(1x1)))\n", table(results["scaling"], [
-        ("backend", lambda r: r["backend"]), ("1 proc x 1 thread", lambda r: f"{r['ips_1x1']:.1f}"),
-        ("2 procs x 1 thread", lambda r: f"{r['ips_2x1']:.1f}"),
+    out += ["\n## Data-parallel scaling on this machine (efficiency = ips(2x1) / (2 ips(1x1)))\n",
+            "The frameworks' all-reduce levers, and the ceiling: two independent 1 x 1 jobs at once, with no all-reduce.\n",
+            table(results["scaling"], [
+        ("backend", lambda r: r["backend"]), ("variant", lambda r: r.get("variant", "default")),
+        ("1 proc x 1 thread", lambda r: f"{r['ips_1x1']:.1f}"), ("2 procs x 1 thread", lambda r: f"{r['ips_2x1']:.1f}"),
         ("efficiency", lambda r: f"{r['efficiency']:.2f} ({r['efficiency_min']:.2f}-{r['efficiency_max']:.2f})"),
+        ("all-reduce buckets (MB)", lambda r: ", ".join(f"{b:g}" for b in r["buckets"]) if r.get("buckets") else "-"),
     ])]  # fmt: skip
+    if results.get("compression"):
+        out += ["\n## What fp16 gradient compression costs (torch, 2 x 1, held-out top-1 over seeds)\n", table(results["compression"], [
+            ("data", lambda r: f"{r['data']}, {r['steps']} steps"), ("grad_compression", lambda r: r["grad_compression"]),
+            ("held-out top-1", lambda r: f"{r['val_top1']:.4f} ({r['val_top1_min']:.4f}-{r['val_top1_max']:.4f})"),
+            ("samples/s", lambda r: f"{r['ips']:.1f}"),
+        ])]  # fmt: skip
+    if results.get("tuned"):
+        out += ["\n## Each framework at its best: backend.tuned=true against the same settings\n",
+                "Speed-up: median over interleaved pairs of tuned / same-settings samples/s, [bootstrap 95% CI]; applied: what "
+                "the framework reported it did.\n", table(results["tuned"], [
+            ("model", lambda r: f"{r['model']} {r['image_size']}x{r['image_size']}"), ("backend", lambda r: r["backend"]),
+            ("tuned_settings", lambda r: r.get("variant", "default")), ("same settings samples/s", lambda r: f"{r['same_ips']:.1f}"), ("tuned samples/s", lambda r: f"{r['tuned_ips']:.1f}"),
+            ("speed-up", lambda r: f"{r['speedup']:.3f} [{r['speedup_ci'][0]:.3f}, {r['speedup_ci'][1]:.3f}]"),
+            ("applied", lambda r: "; ".join(r["applied"]) or "nothing"), ("pairs", lambda r: str(r["pairs"])),
+        ])]  # fmt: skip
     out += ["\n## Mixed precision (bfloat16)\n", table(results["amp"], [
         ("backend", lambda r: r["backend"]), ("amp", lambda r: r["amp"]), ("effective", lambda r: r["effective"]),
         ("samples/s", lambda r: f"{r['ips']:.1f} ({r['ips_min']:.1f}-{r['ips_max']:.1f})"), ("vs O0", lambda r: f"{r['vs_O0']:.2f}"),
@@ -257,7 +397,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="the tiny model and few steps: checks the harness, measures little")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pairs", type=int, default=None, help="interleaved unitrain/native pairs per overhead row (default 10; 2 with --quick)")
-    parser.add_argument("--sections", default="overhead,data,scaling,amp")
+    parser.add_argument("--sections", default="overhead,loop,data,scaling,compression,tuned,amp")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -274,7 +414,7 @@ def main(argv=None) -> int:
             results[section] = getattr(bench, section)()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for section in ("overhead", "data", "scaling", "amp"):
+    for section in ("overhead", "loop", "data", "scaling", "compression", "tuned", "amp"):
         results.setdefault(section, [])
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(markdown(results))

@@ -23,9 +23,19 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path):
         assert row["ratio_ci"][0] <= row["ratio"] <= row["ratio_ci"][1] and row["cpu_ratio_ci"][0] <= row["cpu_ratio"] <= row["cpu_ratio_ci"][1]
     assert results["machine"]["extensions"]
     assert len(results["data"]) == 12 and {r["workers"] for r in results["data"]} == {0, 1, 2}
-    assert {r["backend"] for r in results["scaling"]} == {"paddle", "torch"}
+    variants = {(r["backend"], r["variant"]) for r in results["scaling"]}
+    for backend in ("paddle", "torch"):
+        assert {(backend, "default"), (backend, "no all-reduce (2 independent jobs)"), (backend, "bucket_cap_mb=5")} <= variants
+    assert ("torch", "grad_compression=fp16") in variants
+    assert all(r["buckets"] for r in results["scaling"] if r["variant"] == "bucket_cap_mb=5")
+    assert [r["grad_compression"] for r in results["compression"]] == ["none", "fp16"]
+    assert all(0 <= r["val_top1"] <= 1 for r in results["compression"])
+    tuned = {(r["backend"], r["variant"]): r["applied"] for r in results["tuned"]}
+    assert tuned[("torch", "default")] and tuned[("paddle", "to_static")], tuned
+    assert {r["model"] for r in results["loop"]} == {"resnet18"} and {r["backend"] for r in results["loop"]} == {"paddle", "torch"}
     amp = {(r["backend"], r["amp"]): r["effective"] for r in results["amp"]}
     assert amp[("paddle", "O2")] == "fp32" and amp[("torch", "O2")] == "O2 bfloat16"
     text = (tmp_path / "results.md").read_text()
-    for heading in ("## Overhead", "## Start-up", "## Data loading", "## Data-parallel scaling", "## Mixed precision"):
+    for heading in ("## Overhead", "## The loop alone", "## Start-up", "## Data loading", "## Data-parallel scaling", "## What fp16 gradient compression costs",
+                    "## Each framework at its best", "## Mixed precision"):
         assert heading in text

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 
 import numpy as np
 import pytest
@@ -15,10 +14,10 @@ from conftest import BACKENDS, FAST, run_unitrain
 from unitrain.augment import AugmentedDataset, EpochKeyedBatches
 from unitrain.data import LearnableDataset, SyntheticDataset
 from unitrain.evaluation import HeldOutBatches
-from unitrain.fashion_mnist import DEFAULT_PATH, FILES
+from unitrain.fashion_mnist import DEFAULT_PATH, available
 from unitrain.sampler import DistributedBatchSampler
 
-HAVE_FASHION_MNIST = all(os.path.exists(os.path.join(DEFAULT_PATH, f + ".gz")) for pair in FILES.values() for f in pair)
+HAVE_FASHION_MNIST = available()
 needs_fashion_mnist = pytest.mark.skipif(
     not HAVE_FASHION_MNIST, reason=f"Fashion-MNIST is not in {DEFAULT_PATH} (apt-get install dataset-fashion-mnist; make test does it as root)"
 )

@@ -26,6 +26,11 @@ MEAN, STD = 0.2860, 0.3530
 HOW_TO_GET = "a directory holding the four Fashion-MNIST IDX files (apt-get install dataset-fashion-mnist puts them in " + DEFAULT_PATH + ")"
 
 
+def available(path: str = DEFAULT_PATH) -> bool:
+    """Whether ``path`` holds all four IDX files (gzipped, as the Debian package installs them)."""
+    return all(os.path.exists(os.path.join(path, f + ".gz")) for pair in FILES.values() for f in pair)
+
+
 def _open(folder: str, name: str):
     for candidate, opener in ((name + ".gz", gzip.open), (name, open)):
         path = os.path.join(folder, candidate)
