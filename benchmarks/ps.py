@@ -3,7 +3,7 @@
     python benchmarks/ps.py [--rows 40000] [--repeats 3] [--out benchmarks/results/ps]
 
 For each framework: the one-process baseline (no servers) and 1 server + 2 trainers in every
-mode its engine runs (torch: sync, async; Paddle: async, geo), on the same seeded synthetic
+mode its engine runs (torch: sync, async; Paddle: sync, async, geo), on the same seeded synthetic
 Criteo rows, interleaved repeat by repeat. Paddle's jobs run from the parameter-server
 environment (.venv-ps, paddlepaddle 3.0.0; `make ps-env`), torch's from this one. Writes
 ps.json (every run's summary), ps.md (medians with min-max over repeats, CPU flags) and ps.png.
@@ -27,7 +27,7 @@ from unitrain import machine, ps_report  # noqa: E402
 
 JOBS = [
     ("torch", "local"), ("torch", "sync"), ("torch", "async"),
-    ("paddle", "local"), ("paddle", "async"), ("paddle", "geo"),
+    ("paddle", "local"), ("paddle", "sync"), ("paddle", "async"), ("paddle", "geo"),
 ]  # fmt: skip
 
 

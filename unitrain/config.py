@@ -279,12 +279,6 @@ def _validate_ps(cfg: UnitrainConfig | Any) -> None:
     _one_of("dist.ps.sync", ps.sync, PS_SYNC_MODES)
     if ps.sync == "geo" and cfg.backend.name == "torch":
         raise ConfigError("dist.ps.sync", "geo", "sync or async with backend=torch (geo-SGD is Paddle's; torch.distributed.rpc has no counterpart)")
-    if ps.sync == "sync" and ps.servers and cfg.backend.name == "paddle":
-        raise ConfigError(
-            "dist.ps.sync", "sync",
-            "async or geo with backend=paddle (Fleet's synchronous mode crashes in SendBarrierOp when trained batch by batch, "
-            "in paddlepaddle 3.0.0 and 2.6.2 alike)",
-        )  # fmt: skip
     _positive("dist.ps.geo_k_steps", ps.geo_k_steps)
     if cfg.amp.level != "O0":
         raise ConfigError("amp", cfg.amp.level, "O0 with dist.mode=ps (parameter-server jobs train in float32)")

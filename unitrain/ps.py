@@ -164,7 +164,10 @@ def train(cfg, program: PsProgram, role: Role, run_dir: Path, describe: Dict[str
     rows, held_out = load_data(cfg, held_out=first)
     shard = rows.shard(role.index, role.trainers)
     batch_size = cfg.trainer.batch_size
-    steps_per_epoch = min(len(shard) // batch_size, cfg.trainer.steps or len(shard))
+    # Every trainer takes as many steps as the smallest shard allows: sync mode meets at a
+    # barrier each step, and a trainer with one more batch would wait there for ever.
+    smallest = len(rows) // role.trainers
+    steps_per_epoch = min(smallest // batch_size, cfg.trainer.steps or smallest)
     if steps_per_epoch == 0:
         raise UnitrainError(f"trainer.batch_size={batch_size} is not allowed: more than the {len(shard)} rows of {role.name}'s shard")
     total = steps_per_epoch * cfg.trainer.epochs

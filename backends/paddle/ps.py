@@ -16,8 +16,9 @@ trainer steps with ``Executor.run`` (batch by batch, timed and evaluated like to
   back (train_from_dataset runs a PullDenseWorker thread); the trainer pulls them after each step.
 * the end: ``stop_worker`` does not stop the servers; once every trainer stopped, trainer 0 tells
   them to (otherwise paddle.distributed.launch waits forever).
-* sync crashes in every wheel tried (SendBarrierOp finds no communicator: 3.0.0 and 2.6.2 create
-  one only for geo), so the config refuses it for Paddle.
+* sync: the program's send_barrier needs a Communicator that 3.0.0 creates only for geo, and the
+  servers apply the collected dense gradients only at their barrier table; both are provided
+  here (``_sync_step_after``), which is what train_from_dataset would not do either.
 """
 
 from __future__ import annotations
@@ -136,6 +137,41 @@ class PaddlePs(PsProgram):
                 runtime = fleet.fleet._runtime_handle
                 dense = get_the_one_recv_context(runtime.context, split_dense_table=runtime.is_heter_ps_mode)
                 self.pull_dense = lambda: runtime._pull_all_dense(runtime.scopes, runtime._send_ctx, dense)
+            elif self.sync == "sync":
+                self.pull_dense = self._sync_step_after()
+
+    def _sync_step_after(self):
+        """Fleet's sync mode, completed. Its trainer program pushes dense gradients (which the
+        servers hold back: with ``common.sync`` a dense table only collects them) and ends with
+        send_barrier, which calls the process's Communicator; 3.0.0's the_one_ps creates one only
+        for geo, and only its barrier table's Barrier applies the collected gradients (their
+        mean, then the optimizer) once every trainer has arrived. So a SYNC Communicator is
+        created here, as the_one_ps does for geo, and left stopped (a stopped one releases
+        send_barrier at once; a started one waits for sends that 3.0.0 no longer routes through
+        it). After each step the trainer flushes its queued pushes, meets the others at the
+        barrier table, and pulls the updated dense parameters."""
+        from google.protobuf import text_format
+        from paddle.distributed.communicator import Communicator
+        from paddle.distributed.ps.utils.public import DistributedMode, get_the_one_recv_context
+
+        runtime = self.fleet.fleet._runtime_handle
+        roles = runtime.role_maker
+        dense = get_the_one_recv_context(runtime.context, split_dense_table=runtime.is_heter_ps_mode)
+        kwargs = {"need_global_step": "0", "trainer_id": roles._role_id(), "trainers": roles._worker_num(),
+                  "barrier_table_id": runtime.ps_desc_builder.barrier_table_id, "pserver_endpoints": roles._get_pserver_endpoints()}  # fmt: skip
+        self._communicator = Communicator(DistributedMode.SYNC, kwargs, runtime.context["trainer"].get_communicator_flags())
+        self._communicator.init_with_ctx(
+            runtime._send_ctx, dense, text_format.MessageToString(runtime.ps_desc_builder.ps_desc), runtime.string_hosts, paddle.static.global_scope()
+        )
+        worker = runtime._worker
+        self._pull_only = lambda: runtime._pull_all_dense(runtime.scopes, runtime._send_ctx, dense)
+
+        def step_done() -> None:
+            worker.client_flush()
+            worker.barrier(0)
+            self._pull_only()
+
+        return step_done
 
     def _build(self, cfg):
         static, dim = paddle.static, cfg.model.embedding_dim
@@ -194,8 +230,10 @@ class PaddlePs(PsProgram):
     def end_training(self) -> None:
         if self.use_ps:
             self.fleet.barrier_worker()
-            if self.pull_dense:
-                self.pull_dense()
+            # Sync's step function would meet the barrier table again (one more update); pull only.
+            pull = getattr(self, "_pull_only", None) or self.pull_dense
+            if pull:
+                pull()
 
     def observed(self) -> Dict[str, Any]:
         if not self.use_ps:
@@ -214,8 +252,15 @@ class PaddlePs(PsProgram):
             "pulls_sparse": "distributed_lookup_table" in ops,
             "program_ops": sorted(ops & {"distributed_lookup_table", "distributed_push_sparse", "send", "recv", "send_barrier", "fetch_barrier"}),
             "dense": "on the servers",
+            # How far the dense tower moved from its initial values, in this trainer's copy after
+            # the last pull: in sync mode only the servers' barrier applies dense gradients.
+            "dense_moved": self._dense_moved(),
             "traffic": _server_counters(self.fleet.server_endpoints()),
         }
+
+    def _dense_moved(self) -> float:
+        scope = paddle.static.global_scope()
+        return max(float(np.abs(np.asarray(scope.find_var(name).get_tensor()) - value).max()) for name, value in self.initial.items())
 
     def close(self) -> None:
         if not (self.use_ps and self.fleet.is_worker()):
