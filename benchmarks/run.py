@@ -17,6 +17,7 @@ Sections (each a table in results.md, all numbers in results.json):
             with the frameworks' all-reduce levers (bucket sizes; torch's fp16 compression) and
             the ceiling of two independent jobs at once
   compression  held-out top-1 with and without fp16 gradient compression (torch, 2 x 1)
+  maxbatch  the largest batch each backend's ResNet50 job fits under a memory limit (unitrain.maxbatch)
   tuned     backend.tuned=true against the same settings (torch.compile + channels-last;
             Paddle's to_static), interleaved pairs, with what each framework reported it did
   amp       samples/s for O0-O3 (bfloat16) per backend, and the precision that really ran
@@ -63,10 +64,12 @@ OVERHEAD_SIZES = {True: [Size("resnet18", 16, 6, 2)], False: [Size("resnet18", 3
 SCALING_BUCKETS = {True: (5,), False: (5, 100)}
 # Compilers spend the first steps tracing and compiling: more warm-up left out.
 TUNED_SIZES = {True: [Size("tiny", 16, 6, 3)], False: [Size("resnet18", 32, 30, 8), Size("resnet50", 64, 16, 6)]}
-# Each backend's default tuned set, and each setting alone; Paddle's default on a CPU is empty
-# (to_static measured no faster), so its row names to_static to keep measuring it.
-TUNED_VARIANTS = {True: [("paddle", "to_static"), ("torch", "default")],
-                  False: [("paddle", "to_static"), ("torch", "default"), ("torch", "compile"), ("torch", "channels_last")]}
+# (model, image size, memory limit, first batch, resolution) for the largest-batch search.
+MAXBATCH = {True: ("tiny", 32, "700MiB", 64, 64), False: ("resnet50", 64, "4GiB", 32, 8)}
+# Every setting by name (on a CPU the defaults leave them all out, since they measured no
+# faster here: these rows keep measuring them), together and alone.
+TUNED_VARIANTS = {True: [("paddle", "to_static"), ("torch", "compile,channels_last")],
+                  False: [("paddle", "to_static"), ("torch", "compile,channels_last"), ("torch", "compile"), ("torch", "channels_last")]}
 
 
 def median_ci(values: List[float], level: float = 0.95, resamples: int = 2000) -> Tuple[float, float, float]:
@@ -282,7 +285,7 @@ class Bench:
         rows = []
         for size in TUNED_SIZES[self.quick]:
             for backend, variant in TUNED_VARIANTS[self.quick]:
-                overrides = ["backend.tuned=true"] + ([f"backend.tuned_settings=[{variant}]"] if variant != "default" else [])
+                overrides = ["backend.tuned=true", f"backend.tuned_settings=[{variant}]"]
                 pairs = []
                 for i in range(self.pairs):
                     first, second = (overrides, ["backend.tuned=false"]) if i % 2 else (["backend.tuned=false"], overrides)
@@ -296,6 +299,26 @@ class Bench:
                     "skipped": pairs[0][1]["tuning"]["skipped"],
                 })  # fmt: skip
                 print(f"  {size.model} {size.image}px {backend} {variant}: tuned/same {speedup:.3f} [{low:.3f}, {high:.3f}] {rows[-1]['applied']}", flush=True)
+        return rows
+
+    def maxbatch(self) -> List[Dict]:
+        """The largest batch that fits each backend's job (python -m unitrain.maxbatch), here
+        against a memory limit standing for a device's memory (on a GPU: its own OOM error)."""
+        model, image, limit, start, resolution = MAXBATCH[self.quick]
+        rows = []
+        for backend in BACKENDS:
+            out = self._dir(f"maxbatch_{backend}")
+            cmd = [sys.executable, "-m", "unitrain.maxbatch", "--memory-limit", limit, "--start", str(start), "--resolution", str(resolution),
+                   "--out", str(out / "search"), f"backend={backend}", f"model={model}", f"data.image_size={image}", "trainer.threads=2"]  # fmt: skip
+            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out)
+            if proc.returncode != 0:
+                raise RuntimeError(f"maxbatch {backend} failed:\n{proc.stderr[-3000:]}")
+            result = json.loads((out / "search" / "maxbatch.json").read_text())
+            fitted = [t for t in result["trials"] if t["fits"]]
+            rows.append({"backend": backend, "model": model, "image_size": image, "memory_limit_mb": result["memory_limit_mb"],
+                         "max_batch_size": result["max_batch_size"], "resolution": resolution, "trials": len(result["trials"]),
+                         "peak_mb_at_max": max((t["peak_mb"] for t in fitted if t["batch_size"] == result["max_batch_size"]), default=None)})  # fmt: skip
+            print(f"  maxbatch {backend} {model}: {result['max_batch_size']} under {limit}", flush=True)
         return rows
 
     def amp(self) -> List[Dict]:
@@ -334,7 +357,7 @@ def markdown(results: Dict) -> str:
            f"{results['config']['model']} at {results['config']['image_size']}x{results['config']['image_size']}, batch {results['config']['batch_size']} "
            f"per process, {results['config']['steps']} steps ({results['config']['warmup']} left out as warm-up), {results['config']['repeats']} repeat(s); "
            f"medians, with min-max over repeats.\n"]  # fmt: skip
-    out += ["## Overhead: unitrain / native step time (target <= 1.01)\n",
+    out += [] if not results["overhead"] else ["## Overhead: unitrain / native step time (target <= 1.01)\n",
             "Natives share only the dataset with unitrain (their own ResNets). Ratio: median over interleaved pairs of the runs' "
             "median step times, [bootstrap 95% confidence interval]; CPU: the same for the process's CPU time per step.\n",
             table(results["overhead"], [
@@ -354,15 +377,15 @@ def markdown(results: Dict) -> str:
             ("CPU ratio", lambda r: f"{r['cpu_ratio']:.3f} [{r['cpu_ratio_ci'][0]:.3f}, {r['cpu_ratio_ci'][1]:.3f}]"),
             ("steps", lambda r: str(r["steps"])),
         ])]  # fmt: skip
-    out += ["\n## Start-up: seconds from command to first step\n", table(results["overhead"], [
+    out += [] if not results["overhead"] else ["\n## Start-up: seconds from command to first step\n", table(results["overhead"], [
         ("model", lambda r: r["model"]), ("backend", lambda r: r["backend"]), ("processes", lambda r: str(r["processes"])),
         ("unitrain s", lambda r: f"{r['unitrain_startup_s']:.2f}"), ("native s", lambda r: f"{r['native_startup_s']:.2f}"),
     ])]  # fmt: skip
-    out += ["\n## Data loading (target: reader ratio < 2% with workers)\n", table(results["data"], [
+    out += [] if not results["data"] else ["\n## Data loading (target: reader ratio < 2% with workers)\n", table(results["data"], [
         ("backend", lambda r: r["backend"]), ("data", lambda r: r["data"]), ("workers", lambda r: str(r["workers"])),
         ("reader ratio", lambda r: f"{100 * r['reader_ratio']:.2f}%"), ("samples/s", lambda r: f"{r['ips']:.1f}"),
     ])]  # fmt: skip
-    out += ["\n## Data-parallel scaling on this machine (efficiency = ips(2x1) / (2 ips(1x1)))\n",
+    out += [] if not results["scaling"] else ["\n## Data-parallel scaling on this machine (efficiency = ips(2x1) / (2 ips(1x1)))\n",
             "The frameworks' all-reduce levers, and the ceiling: two independent 1 x 1 jobs at once, with no all-reduce.\n",
             table(results["scaling"], [
         ("backend", lambda r: r["backend"]), ("variant", lambda r: r.get("variant", "default")),
@@ -376,16 +399,22 @@ def markdown(results: Dict) -> str:
             ("held-out top-1", lambda r: f"{r['val_top1']:.4f} ({r['val_top1_min']:.4f}-{r['val_top1_max']:.4f})"),
             ("samples/s", lambda r: f"{r['ips']:.1f}"),
         ])]  # fmt: skip
+    if results.get("maxbatch"):
+        out += ["\n## Largest batch that fits (python -m unitrain.maxbatch)\n", table(results["maxbatch"], [
+            ("backend", lambda r: r["backend"]), ("model", lambda r: f"{r['model']} {r['image_size']}x{r['image_size']}"),
+            ("memory limit", lambda r: f"{r['memory_limit_mb']:.0f} MiB"), ("largest batch", lambda r: f"{r['max_batch_size']} (+-{r['resolution']})"),
+            ("peak at it", lambda r: f"{r['peak_mb_at_max']:.0f} MiB" if r["peak_mb_at_max"] else "-"), ("trials", lambda r: str(r["trials"])),
+        ])]  # fmt: skip
     if results.get("tuned"):
         out += ["\n## Each framework at its best: backend.tuned=true against the same settings\n",
                 "Speed-up: median over interleaved pairs of tuned / same-settings samples/s, [bootstrap 95% CI]; applied: what "
                 "the framework reported it did.\n", table(results["tuned"], [
             ("model", lambda r: f"{r['model']} {r['image_size']}x{r['image_size']}"), ("backend", lambda r: r["backend"]),
-            ("tuned_settings", lambda r: r.get("variant", "default")), ("same settings samples/s", lambda r: f"{r['same_ips']:.1f}"), ("tuned samples/s", lambda r: f"{r['tuned_ips']:.1f}"),
+            ("tuned_settings", lambda r: r.get("variant", "default").replace(",", ", ")), ("same settings samples/s", lambda r: f"{r['same_ips']:.1f}"), ("tuned samples/s", lambda r: f"{r['tuned_ips']:.1f}"),
             ("speed-up", lambda r: f"{r['speedup']:.3f} [{r['speedup_ci'][0]:.3f}, {r['speedup_ci'][1]:.3f}]"),
             ("applied", lambda r: "; ".join(r["applied"]) or "nothing"), ("pairs", lambda r: str(r["pairs"])),
         ])]  # fmt: skip
-    out += ["\n## Mixed precision (bfloat16)\n", table(results["amp"], [
+    out += [] if not results["amp"] else ["\n## Mixed precision (bfloat16)\n", table(results["amp"], [
         ("backend", lambda r: r["backend"]), ("amp", lambda r: r["amp"]), ("effective", lambda r: r["effective"]),
         ("samples/s", lambda r: f"{r['ips']:.1f} ({r['ips_min']:.1f}-{r['ips_max']:.1f})"), ("vs O0", lambda r: f"{r['vs_O0']:.2f}"),
     ])]  # fmt: skip
@@ -397,7 +426,7 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="the tiny model and few steps: checks the harness, measures little")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pairs", type=int, default=None, help="interleaved unitrain/native pairs per overhead row (default 10; 2 with --quick)")
-    parser.add_argument("--sections", default="overhead,loop,data,scaling,compression,tuned,amp")
+    parser.add_argument("--sections", default="overhead,loop,data,scaling,compression,tuned,maxbatch,amp")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args(argv)
     out = Path(args.out)
@@ -414,7 +443,7 @@ def main(argv=None) -> int:
             results[section] = getattr(bench, section)()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for section in ("overhead", "loop", "data", "scaling", "compression", "tuned", "amp"):
+    for section in ("overhead", "loop", "data", "scaling", "compression", "tuned", "maxbatch", "amp"):
         results.setdefault(section, [])
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(markdown(results))

@@ -31,11 +31,12 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path):
     assert [r["grad_compression"] for r in results["compression"]] == ["none", "fp16"]
     assert all(0 <= r["val_top1"] <= 1 for r in results["compression"])
     tuned = {(r["backend"], r["variant"]): r["applied"] for r in results["tuned"]}
-    assert tuned[("torch", "default")] and tuned[("paddle", "to_static")], tuned
+    assert tuned[("torch", "compile,channels_last")] and tuned[("paddle", "to_static")], tuned
+    assert [r["backend"] for r in results["maxbatch"]] == ["paddle", "torch"] and all(r["max_batch_size"] >= 64 for r in results["maxbatch"])
     assert {r["model"] for r in results["loop"]} == {"resnet18"} and {r["backend"] for r in results["loop"]} == {"paddle", "torch"}
     amp = {(r["backend"], r["amp"]): r["effective"] for r in results["amp"]}
     assert amp[("paddle", "O2")] == "fp32" and amp[("torch", "O2")] == "O2 bfloat16"
     text = (tmp_path / "results.md").read_text()
     for heading in ("## Overhead", "## The loop alone", "## Start-up", "## Data loading", "## Data-parallel scaling", "## What fp16 gradient compression costs",
-                    "## Each framework at its best", "## Mixed precision"):
+                    "## Each framework at its best", "## Largest batch that fits", "## Mixed precision"):
         assert heading in text

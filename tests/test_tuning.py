@@ -12,8 +12,8 @@ from test_distributed import EXACT, weights
 
 STEPS = ["trainer.steps=4", "trainer.batch_size=16"]
 EXPECTED = {"torch": ("channels_last", "torch.compile inductor"), "paddle": ("paddle.jit.to_static",)}
-# Paddle leaves to_static out on a CPU by default (measured no faster); named, it is applied.
-NAMED = {"torch": [], "paddle": ["backend.tuned_settings=[to_static]"]}
+# On a CPU both leave their settings out by default (measured no faster); named, they apply.
+NAMED = {"torch": ["backend.tuned_settings=[compile,channels_last]"], "paddle": ["backend.tuned_settings=[to_static]"]}
 
 
 @pytest.mark.slow
@@ -36,12 +36,14 @@ def test_tuned_run_reports_what_its_framework_did_and_trains_the_same_model(back
     np.testing.assert_allclose([m["loss"] for m in tuned.metrics()], [m["loss"] for m in same.metrics()], rtol=2e-3)
 
 
-def test_paddle_tuned_on_a_cpu_applies_only_what_helped_and_says_why(tmp_path):
-    result = run_unitrain(["backend=paddle", *FAST, "trainer.steps=2", "backend.tuned=true"], tmp_path)
+@pytest.mark.parametrize("backend,left_out", [("paddle", {"to_static", "oneDNN", "NHWC"}), ("torch", {"compile", "channels_last"})])
+def test_tuned_on_a_cpu_applies_only_what_helped_and_says_why(backend, left_out, tmp_path):
+    result = run_unitrain([f"backend={backend}", *FAST, "trainer.steps=2", "backend.tuned=true"], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     tuning = result.summary()["tuning"]
     assert tuning["settings"] == "tuned" and tuning["applied"] == []
-    assert set(tuning["skipped"]) == {"to_static", "oneDNN", "NHWC"} and "measured" in tuning["skipped"]["to_static"]
+    assert set(tuning["skipped"]) == left_out
+    assert all("measured" in why for name, why in tuning["skipped"].items() if name in ("to_static", "compile", "channels_last"))
 
 
 @pytest.mark.parametrize("args,message", [
@@ -72,7 +74,7 @@ def test_report_never_ranks_a_tuned_row_against_a_same_settings_row(tmp_path):
     # The tiny model's gradients are 0.3 MB: a 0.02 MB cap splits them; Paddle takes whole MB.
     ("torch", ["dist.bucket_cap_mb=0.02", "dist.grad_compression=fp16"], "fp16_compress_hook", 2),
     # Compiled around DDP, accumulating: no_sync must reach the DDP inside torch.compile's wrapper.
-    ("torch", ["dist.bucket_cap_mb=1", "backend.tuned=true", "trainer.accumulate_steps=2"], "none (float32 all-reduce)", 1),
+    ("torch", ["dist.bucket_cap_mb=1", "backend.tuned=true", "backend.tuned_settings=[compile]", "trainer.accumulate_steps=2"], "none (float32 all-reduce)", 1),
     ("paddle", ["dist.bucket_cap_mb=1"], "none (float32 all-reduce)", 1),
 ])  # fmt: skip
 def test_all_reduce_levers_are_applied_and_keep_the_result(backend, levers, hook, buckets, tmp_path):
@@ -111,7 +113,7 @@ def test_bad_all_reduce_levers_are_refused_before_launch(args, message, tmp_path
 
 @pytest.mark.slow
 def test_compiling_around_ddp_with_buckets_below_its_first_is_one_line(tmp_path):
-    result = run_unitrain(["backend=torch", *FAST, "trainer.steps=2", "dist.nproc_per_node=2", "dist.bucket_cap_mb=0.5", "backend.tuned=true"], tmp_path)
+    result = run_unitrain(["backend=torch", *FAST, "trainer.steps=2", "dist.nproc_per_node=2", "dist.bucket_cap_mb=0.5", "backend.tuned=true", "backend.tuned_settings=[compile]"], tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1].startswith("unitrain: error: dist.bucket_cap_mb=0.5 is not allowed: at least 1 with torch.compile")
 

@@ -1,9 +1,10 @@
 """Paddle at its best on this device. What Paddle documents for speed, and what applies here:
 
 - ``paddle.jit.to_static``: the model's forward runs as a static program (PIR interpreter). On
-  GPUs it is applied by default; on the CPU it was measured no faster than the dynamic graph
-  (ResNet18 32x32: 0.97x the samples/s, ResNet50 64x64: 1.00x, AVX2 EPYC, 2026-11-23), so it is
-  left out there unless named in ``backend.tuned_settings``.
+  GPUs it is applied by default; on the CPU it was measured slower than the dynamic graph
+  (tuned / same-settings samples/s on an AVX2 EPYC, 2026-11-23: ResNet18 32x32 0.97x and 0.91x,
+  ResNet50 64x64 1.00x and 0.84x in two runs), so it is left out there unless named in
+  ``backend.tuned_settings``.
 - oneDNN (``FLAGS_use_onednn``): in Paddle 3.3.1 dynamic-graph ops ignore it (their kernel key
   stays plain CPU), and a to_static training program with it on fails in run_program.
 - NHWC: Paddle's CPU convolution transposes NHWC to NCHW and back around im2col, so on a CPU
@@ -38,7 +39,7 @@ class Tuned(Tuning):
     @staticmethod
     def left_out(device: str) -> Dict[str, str]:
         if device == "cpu":
-            return {"to_static": "measured no faster than the dynamic graph on a CPU (0.97x-1.00x); name it in backend.tuned_settings to apply it"}
+            return {"to_static": "measured no faster on a CPU (0.84x-1.00x); name it in backend.tuned_settings to apply it"}
         return {}
 
     def prepare_model(self, model: paddle.nn.Layer) -> paddle.nn.Layer:
