@@ -32,7 +32,7 @@ MIN_AUC = 0.65
 
 def paddle_ps_python() -> str:
     if not PS_PYTHON.exists():
-        pytest.skip(f"no {PS_PYTHON}: the parameter-server environment (paddlepaddle 3.1.0) is built by `make ps-env` (and `make test`)")
+        pytest.skip(f"no {PS_PYTHON}: the parameter-server environment (paddlepaddle 3.0.0) is built by `make ps-env` (and `make test`)")
     return str(PS_PYTHON)
 
 
