@@ -217,9 +217,10 @@ def test_a_rank_stuck_when_another_dies_is_not_blamed(tmp_path):
 def test_multirun_over_both_backends_in_data_parallel(tmp_path):
     result = run_unitrain(["-m", "backend=paddle,torch", *FAST, "trainer.steps=3", "dist.nproc_per_node=2", "trainer.threads=1"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    table = (tmp_path / "multirun" / "comparison.md").read_text()
-    rows = [line.split("|") for line in table.splitlines() if line.startswith("| paddle") or line.startswith("| torch")]
-    assert [(r[1].strip(), r[4].strip()) for r in rows] == [("paddle", "2"), ("torch", "2")]
+    lines = (tmp_path / "multirun" / "comparison.md").read_text().splitlines()
+    header = next([c.strip() for c in line.split("|")] for line in lines if line.startswith("| backend"))
+    rows = [dict(zip(header, (c.strip() for c in line.split("|")))) for line in lines if line.startswith(("| paddle", "| torch"))]
+    assert [(r["backend"], r["world"]) for r in rows] == [("paddle", "2"), ("torch", "2")]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -264,11 +264,11 @@ def table_rows(
         p = s["precision"]
         rows.append({
             "backend": s["backend"],
-            "settings": settings[i],
             "amp requested": p["requested"],
             "amp effective": p["effective"],
             "world": str(s["world_size"]),
             "global batch": str(s["global_batch_size"]),
+            "settings": settings[i],
             "samples/s": f"{t['median']:.1f}",
             "spread": f"{t['low']:.1f}-{t['high']:.1f} ({t['over']})",
             "vs baseline": ("baseline" if ref == baseline else f"baseline ({settings[i]})") if i == ref
