@@ -42,7 +42,7 @@ class Run:
     @property
     def label(self) -> str:
         s = self.summary
-        tuned = " tuned" if (s.get("tuning") or {}).get("settings") == "tuned" else ""
+        tuned = " tuned" if settings_of(self) == "tuned" else ""
         return f"{s['backend']}{tuned} {s['precision']['requested']}" + (f" x{s['world_size']}" if s["world_size"] > 1 else "")
 
     @property

@@ -262,6 +262,20 @@ def _positive(key: str, value: Any) -> None:
         raise ConfigError(key, value, "a finite number > 0")
 
 
+def check_all_reduce_levers(dist: DistConfig | Any, backend: str) -> None:
+    """dist.bucket_cap_mb and dist.grad_compression against what the backend's framework offers;
+    run before launch and again by a backend's context, for library users who skip validate()."""
+    _one_of("dist.grad_compression", dist.grad_compression, GRAD_COMPRESSIONS)
+    if dist.grad_compression != "none" and backend == "paddle":
+        # fp16_allreduce and DGC in DistributedStrategy are static-graph meta-optimizers; the
+        # dynamic graph's DataParallel all-reduces gradients in their own dtype, with no hook.
+        raise ConfigError("dist.grad_compression", dist.grad_compression, "none with backend=paddle: Paddle's dynamic-graph DataParallel has no gradient compression")
+    if dist.bucket_cap_mb is not None and not dist.bucket_cap_mb > 0:
+        raise ConfigError("dist.bucket_cap_mb", dist.bucket_cap_mb, "a size in MB > 0, or null for the framework's default")
+    if dist.bucket_cap_mb is not None and backend == "paddle" and dist.bucket_cap_mb != int(dist.bucket_cap_mb):
+        raise ConfigError("dist.bucket_cap_mb", dist.bucket_cap_mb, "a whole number of MB with backend=paddle (Fleet's fuse_grad_size_in_MB is an integer)")
+
+
 def _validate_ps(cfg: UnitrainConfig | Any) -> None:
     ps = cfg.dist.ps
     if cfg.model.name not in PS_MODELS:
@@ -397,13 +411,7 @@ def validate(cfg: UnitrainConfig | Any) -> None:
             f"a multiple of {world} (processes x accumulate_steps) with optim.lr_scaling=keep_global",
         )  # fmt: skip
     _one_of("dist.comm_backend", cfg.dist.comm_backend, ("auto", "gloo", "nccl"))
-    _one_of("dist.grad_compression", cfg.dist.grad_compression, GRAD_COMPRESSIONS)
-    if cfg.dist.grad_compression != "none" and cfg.backend.name == "paddle":
-        raise ConfigError("dist.grad_compression", cfg.dist.grad_compression, "none with backend=paddle: Paddle's dynamic-graph DataParallel has no gradient compression")
-    if cfg.dist.bucket_cap_mb is not None and not cfg.dist.bucket_cap_mb > 0:
-        raise ConfigError("dist.bucket_cap_mb", cfg.dist.bucket_cap_mb, "a size in MB > 0, or null for the framework's default")
-    if cfg.dist.bucket_cap_mb is not None and cfg.backend.name == "paddle" and cfg.dist.bucket_cap_mb != int(cfg.dist.bucket_cap_mb):
-        raise ConfigError("dist.bucket_cap_mb", cfg.dist.bucket_cap_mb, "a whole number of MB with backend=paddle (Fleet's fuse_grad_size_in_MB is an integer)")
+    check_all_reduce_levers(cfg.dist, cfg.backend.name)
     _positive("dist.timeout_s", cfg.dist.timeout_s)
     from unitrain.schedule import BatchPlan  # schedule imports this module
 

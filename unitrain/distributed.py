@@ -14,6 +14,9 @@ import numpy as np
 T = TypeVar("T")
 
 
+#: grad_sync's comm_hook when gradients travel as they are.
+NO_COMM_HOOK = "none (float32 all-reduce)"
+
 class DistributedContext:
     #: Reduction operations accepted by :meth:`all_reduce`.
     REDUCE_OPS = ("mean", "sum", "max", "min")

@@ -16,8 +16,8 @@ import paddle
 import paddle.distributed as pdist
 from paddle.distributed import fleet
 
-from unitrain.config import DistConfig
-from unitrain.distributed import DistributedContext
+from unitrain.config import DistConfig, check_all_reduce_levers
+from unitrain.distributed import NO_COMM_HOOK, DistributedContext
 from unitrain.errors import ConfigError
 
 _OPS = {"sum": pdist.ReduceOp.SUM, "max": pdist.ReduceOp.MAX, "min": pdist.ReduceOp.MIN}
@@ -43,12 +43,7 @@ class PaddleDistributedContext(DistributedContext):
             raise ConfigError(
                 "dist.comm_backend", self.cfg.comm_backend, f"auto or {self.comm_backend}: paddle uses {self.comm_backend} on {self.device}"
             )
-        if self.cfg.grad_compression != "none":
-            # fp16_allreduce and DGC in DistributedStrategy are static-graph meta-optimizers; the
-            # dynamic graph's DataParallel all-reduces gradients in their own dtype, with no hook.
-            raise ConfigError("dist.grad_compression", self.cfg.grad_compression, "none with backend=paddle: Paddle's dynamic-graph DataParallel has no gradient compression")
-        if self.cfg.bucket_cap_mb is not None and self.cfg.bucket_cap_mb != int(self.cfg.bucket_cap_mb):
-            raise ConfigError("dist.bucket_cap_mb", self.cfg.bucket_cap_mb, "a whole number of MB with backend=paddle (Fleet's fuse_grad_size_in_MB is an integer)")
+        check_all_reduce_levers(self.cfg, "paddle")
         self._data_parallel: paddle.DataParallel | None = None
 
     def setup(self) -> "PaddleDistributedContext":
@@ -111,7 +106,7 @@ class PaddleDistributedContext(DistributedContext):
             "buckets": len(sizes),
             "bucket_mb": [round(b / 2**20, 2) for b in sizes],
             "bucket_cap_mb": dp.comm_buffer_size / 2**20,
-            "comm_hook": "none (float32 all-reduce)",
+            "comm_hook": NO_COMM_HOOK,
         }
 
     def wrap_optimizer(self, optimizer):

@@ -18,7 +18,7 @@ trainer steps with ``Executor.run`` (batch by batch, timed and evaluated like to
   them to (otherwise paddle.distributed.launch waits forever).
 * sync: the program's send_barrier needs a Communicator that 3.0.0 creates only for geo, and the
   servers apply the collected dense gradients only at their barrier table; both are provided
-  here (``_sync_step_after``), which is what train_from_dataset would not do either.
+  here (``_sync_step``), which is what train_from_dataset would not do either.
 """
 
 from __future__ import annotations
@@ -127,20 +127,21 @@ class PaddlePs(PsProgram):
         scope = paddle.static.global_scope()
         for name, value in self.initial.items():
             scope.find_var(name).get_tensor().set(value, paddle.CPUPlace())
-        self.pull_dense = None
+        # pull_dense: the servers' dense parameters into this trainer's scope; after_step: what a
+        # trainer does after each step (async: pull; sync: flush, barrier, pull; geo: nothing).
+        self.pull_dense = self.after_step = None
         if self.use_ps:
             _wait_for_servers(fleet.server_endpoints())
             fleet.init_worker()
-            if self.sync == "async":
+            if self.sync in ("sync", "async"):
                 from paddle.distributed.ps.utils.public import get_the_one_recv_context
 
                 runtime = fleet.fleet._runtime_handle
                 dense = get_the_one_recv_context(runtime.context, split_dense_table=runtime.is_heter_ps_mode)
                 self.pull_dense = lambda: runtime._pull_all_dense(runtime.scopes, runtime._send_ctx, dense)
-            elif self.sync == "sync":
-                self.pull_dense = self._sync_step_after()
+                self.after_step = self._sync_step(runtime, dense) if self.sync == "sync" else self.pull_dense
 
-    def _sync_step_after(self):
+    def _sync_step(self, runtime, dense):
         """Fleet's sync mode, completed. Its trainer program pushes dense gradients (which the
         servers hold back: with ``common.sync`` a dense table only collects them) and ends with
         send_barrier, which calls the process's Communicator; 3.0.0's the_one_ps creates one only
@@ -152,24 +153,20 @@ class PaddlePs(PsProgram):
         barrier table, and pulls the updated dense parameters."""
         from google.protobuf import text_format
         from paddle.distributed.communicator import Communicator
-        from paddle.distributed.ps.utils.public import DistributedMode, get_the_one_recv_context
+        from paddle.distributed.ps.utils.public import DistributedMode
 
-        runtime = self.fleet.fleet._runtime_handle
         roles = runtime.role_maker
-        dense = get_the_one_recv_context(runtime.context, split_dense_table=runtime.is_heter_ps_mode)
         kwargs = {"need_global_step": "0", "trainer_id": roles._role_id(), "trainers": roles._worker_num(),
                   "barrier_table_id": runtime.ps_desc_builder.barrier_table_id, "pserver_endpoints": roles._get_pserver_endpoints()}  # fmt: skip
         self._communicator = Communicator(DistributedMode.SYNC, kwargs, runtime.context["trainer"].get_communicator_flags())
         self._communicator.init_with_ctx(
             runtime._send_ctx, dense, text_format.MessageToString(runtime.ps_desc_builder.ps_desc), runtime.string_hosts, paddle.static.global_scope()
         )
-        worker = runtime._worker
-        self._pull_only = lambda: runtime._pull_all_dense(runtime.scopes, runtime._send_ctx, dense)
 
         def step_done() -> None:
-            worker.client_flush()
-            worker.barrier(0)
-            self._pull_only()
+            runtime._worker.client_flush()
+            runtime._worker.barrier(0)
+            self.pull_dense()
 
         return step_done
 
@@ -219,8 +216,8 @@ class PaddlePs(PsProgram):
 
     def train_batch(self, batch: CtrData) -> float:
         (loss,) = self.executor.run(self.main, feed=self._feed(batch), fetch_list=[self.loss])
-        if self.pull_dense:
-            self.pull_dense()
+        if self.after_step:
+            self.after_step()
         return float(np.asarray(loss))
 
     def predict(self, batch: CtrData) -> np.ndarray:
@@ -230,10 +227,8 @@ class PaddlePs(PsProgram):
     def end_training(self) -> None:
         if self.use_ps:
             self.fleet.barrier_worker()
-            # Sync's step function would meet the barrier table again (one more update); pull only.
-            pull = getattr(self, "_pull_only", None) or self.pull_dense
-            if pull:
-                pull()
+            if self.pull_dense:
+                self.pull_dense()
 
     def observed(self) -> Dict[str, Any]:
         if not self.use_ps:

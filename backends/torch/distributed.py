@@ -16,8 +16,8 @@ import torch.distributed as tdist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from unitrain.config import DistConfig
-from unitrain.distributed import DistributedContext
+from unitrain.config import DistConfig, check_all_reduce_levers
+from unitrain.distributed import NO_COMM_HOOK, DistributedContext
 from unitrain.errors import ConfigError
 
 _OPS = {"sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}
@@ -55,6 +55,7 @@ class TorchDistributedContext(DistributedContext):
         self.comm_backend = default if self.cfg.comm_backend == "auto" else self.cfg.comm_backend
         if self.comm_backend == "nccl" and not self.device.startswith("cuda"):
             raise ConfigError("dist.comm_backend", "nccl", "auto or gloo: nccl needs CUDA devices and this run is on cpu")
+        check_all_reduce_levers(self.cfg, "torch")
         if self.cfg.grad_compression == "bf16" and self.comm_backend != "nccl":
             # torch's bf16_compress_hook checks for NCCL 2.10+ (or XPU) and raises otherwise.
             raise ConfigError("dist.grad_compression", "bf16", f"none or fp16 with {self.comm_backend}: torch's bf16_compress_hook needs NCCL (CUDA)")
@@ -117,7 +118,7 @@ class TorchDistributedContext(DistributedContext):
             "buckets": len(sizes),
             "bucket_mb": [round(b / 2**20, 2) for b in sizes],
             "bucket_cap_mb": data.get("bucket_cap_bytes", 0) / 2**20,
-            "comm_hook": data.get("comm_hook") or "none (float32 all-reduce)",
+            "comm_hook": data.get("comm_hook") or NO_COMM_HOOK,
         }
 
     def unwrap_model(self, model: Any) -> Any:
