@@ -48,6 +48,7 @@ from unitrain.machine import cpu as cpu_info
 
 HERE = Path(__file__).resolve().parent
 BACKENDS = ("paddle", "torch")
+SECTIONS = ("overhead", "loop", "data", "scaling", "compression", "tuned", "maxbatch", "amp")
 LAUNCHERS = {"paddle": ["-m", "paddle.distributed.launch"], "torch": ["-m", "torch.distributed.run"]}
 
 
@@ -64,8 +65,12 @@ OVERHEAD_SIZES = {True: [Size("resnet18", 16, 6, 2)], False: [Size("resnet18", 3
 SCALING_BUCKETS = {True: (5,), False: (5, 100)}
 # Compilers spend the first steps tracing and compiling: more warm-up left out.
 TUNED_SIZES = {True: [Size("tiny", 16, 6, 3)], False: [Size("resnet18", 32, 30, 8), Size("resnet50", 64, 16, 6)]}
-# (model, image size, memory limit, first batch, resolution) for the largest-batch search.
-MAXBATCH = {True: ("tiny", 32, "700MiB", 64, 64), False: ("resnet50", 64, "4GiB", 32, 8)}
+# (model, image size, memory limit, first batch, resolution, largest batch tried) for the
+# largest-batch search; --quick stops at 128, two trials, enough to check the section runs.
+MAXBATCH = {True: ("tiny", 32, "700MiB", 64, 64, 128), False: ("resnet50", 64, "4GiB", 32, 8, 4096)}
+# --quick checks that a section runs and writes its rows, so it measures fewer variants.
+DATA_WORKERS = {True: (0, 2), False: (0, 1, 2)}
+AMP_LEVELS = {True: ("O0", "O2"), False: ("O0", "O1", "O2", "O3")}
 # Every setting by name (on a CPU the defaults leave them all out, since they measured no
 # faster here: these rows keep measuring them), together and alone.
 TUNED_VARIANTS = {True: [("paddle", "to_static"), ("torch", "compile,channels_last")],
@@ -81,8 +86,8 @@ def median_ci(values: List[float], level: float = 0.95, resamples: int = 2000) -
 
 
 class Bench:
-    def __init__(self, quick: bool, repeats: int, work: Path, pairs: int):
-        self.work, self.repeats, self.pairs = work, repeats, pairs
+    def __init__(self, quick: bool, repeats: int, work: Path, pairs: int, backends=BACKENDS):
+        self.work, self.repeats, self.pairs, self.backends = work, repeats, pairs, tuple(backends)
         self.size = Size("tiny", 16, 8, 2) if quick else Size("resnet18", 32, 30, 5)
         self.batch = 16
         self.quick = quick
@@ -165,7 +170,7 @@ class Bench:
     def overhead(self) -> List[Dict]:
         rows = []
         for size in OVERHEAD_SIZES[self.quick]:
-            for backend in BACKENDS:
+            for backend in self.backends:
                 for world, threads in ((1, 2), (2, 1)):
                     pairs = [self._pair(backend, size, world, threads, native_first=i % 2 == 1) for i in range(self.pairs)]
                     ratio, low, high = median_ci([u["step_s"] / n["step_s"] for u, n in pairs])
@@ -188,7 +193,7 @@ class Bench:
         what the loop itself adds, free of process-to-process drift."""
         rows = []
         for size in OVERHEAD_SIZES[self.quick]:
-            for backend in BACKENDS:
+            for backend in self.backends:
                 out = self._dir(f"loop_{backend}") / "result.json"
                 steps = max(size.steps - size.warmup, 4)
                 cmd = [sys.executable, str(HERE / "loop_overhead.py"), "--backend", backend, "--model", size.model,
@@ -218,10 +223,10 @@ class Bench:
                 for i in range(self.size.steps * self.batch // 2 + self.batch):
                     Image.fromarray(rng.integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(folder / cls / f"{i}.png")
         rows = []
-        for backend in BACKENDS:
+        for backend in self.backends:
             for data in ("synthetic", "imagefolder"):
                 extra = [f"data.path={folder}"] if data == "imagefolder" else []
-                for workers in (0, 1, 2):
+                for workers in DATA_WORKERS[self.quick]:
                     runs = [self.unitrain(backend, f"data={data}", f"data.num_workers={workers}", *extra) for _ in range(self.repeats)]
                     ratios = [r["reader_ratio"] for r in runs]
                     rows.append({"backend": backend, "data": data, "workers": workers, "reader_ratio": statistics.median(ratios),
@@ -233,7 +238,7 @@ class Bench:
         ceiling: two independent 1 x 1 jobs at once (no communication), which shows how much of
         the loss is the all-reduce and how much the machine (shared caches, memory bandwidth)."""
         rows = []
-        for backend in BACKENDS:
+        for backend in self.backends:
             variants = {"no all-reduce (2 independent jobs)": None, "default": []}
             variants.update({f"bucket_cap_mb={mb}": [f"dist.bucket_cap_mb={mb}"] for mb in SCALING_BUCKETS[self.quick]})
             if backend == "torch":
@@ -265,6 +270,8 @@ class Bench:
         and without it, over the repeats' seeds."""
         from unitrain.fashion_mnist import available
 
+        if "torch" not in self.backends:  # the fp16 hook is torch's; Paddle's dynamic graph has none
+            return []
         data = ["data=fashion_mnist"] if available() and not self.quick else ["data=learnable", "data.val_samples=256"]
         size = self.size if self.quick else Size("resnet18", 32, 300, 5)
         rows = []
@@ -284,7 +291,7 @@ class Bench:
         samples/s over same-settings samples/s (compilation falls in the warm-up steps)."""
         rows = []
         for size in TUNED_SIZES[self.quick]:
-            for backend, variant in TUNED_VARIANTS[self.quick]:
+            for backend, variant in [(b, v) for b, v in TUNED_VARIANTS[self.quick] if b in self.backends]:
                 overrides = ["backend.tuned=true", f"backend.tuned_settings=[{variant}]"]
                 pairs = []
                 for i in range(self.pairs):
@@ -304,12 +311,12 @@ class Bench:
     def maxbatch(self) -> List[Dict]:
         """The largest batch that fits each backend's job (python -m unitrain.maxbatch), here
         against a memory limit standing for a device's memory (on a GPU: its own OOM error)."""
-        model, image, limit, start, resolution = MAXBATCH[self.quick]
+        model, image, limit, start, resolution, largest = MAXBATCH[self.quick]
         rows = []
-        for backend in BACKENDS:
+        for backend in self.backends:
             out = self._dir(f"maxbatch_{backend}")
             cmd = [sys.executable, "-m", "unitrain.maxbatch", "--memory-limit", limit, "--start", str(start), "--resolution", str(resolution),
-                   "--out", str(out / "search"), f"backend={backend}", f"model={model}", f"data.image_size={image}", "trainer.threads=2"]  # fmt: skip
+                   "--max", str(largest), "--out", str(out / "search"), f"backend={backend}", f"model={model}", f"data.image_size={image}", "trainer.threads=2"]  # fmt: skip
             proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out)
             if proc.returncode != 0:
                 raise RuntimeError(f"maxbatch {backend} failed:\n{proc.stderr[-3000:]}")
@@ -323,9 +330,9 @@ class Bench:
 
     def amp(self) -> List[Dict]:
         rows = []
-        for backend in BACKENDS:
+        for backend in self.backends:
             base = None
-            for level in ("O0", "O1", "O2", "O3"):
+            for level in AMP_LEVELS[self.quick]:
                 runs = [self.unitrain(backend, f"amp={level}", "amp.dtype=bfloat16") for _ in range(self.repeats)]
                 ips = statistics.median(r["ips"] for r in runs)
                 base = base or ips
@@ -426,24 +433,30 @@ def main(argv=None) -> int:
     parser.add_argument("--quick", action="store_true", help="the tiny model and few steps: checks the harness, measures little")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pairs", type=int, default=None, help="interleaved unitrain/native pairs per overhead row (default 10; 2 with --quick)")
-    parser.add_argument("--sections", default="overhead,loop,data,scaling,compression,tuned,maxbatch,amp")
+    parser.add_argument("--sections", default=",".join(SECTIONS))
+    parser.add_argument("--backends", default=",".join(BACKENDS), help="which frameworks to measure (default: both)")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args(argv)
+    backends = args.backends.split(",")
+    sections = args.sections.split(",")
+    wrong = [b for b in backends if b not in BACKENDS] + [name for name in sections if name not in SECTIONS]
+    if wrong:
+        parser.error(f"{', '.join(wrong)} is not allowed: --backends takes {', '.join(BACKENDS)}; --sections takes {', '.join(SECTIONS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="unitrain-bench-"))
     args.pairs = args.pairs or (2 if args.quick else 10)
-    bench = Bench(args.quick, args.repeats, work, args.pairs)
+    bench = Bench(args.quick, args.repeats, work, args.pairs, backends)
     results = {"machine": machine(), "config": {"model": bench.size.model, "image_size": bench.size.image, "batch_size": bench.batch,
                "steps": bench.size.steps, "warmup": bench.size.warmup, "repeats": args.repeats, "pairs": args.pairs, "quick": args.quick}}  # fmt: skip
     started = time.time()
     try:
-        for section in args.sections.split(","):
+        for section in sections:
             print(f"[{time.time() - started:6.0f} s] {section} ...", flush=True)
             results[section] = getattr(bench, section)()
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for section in ("overhead", "loop", "data", "scaling", "compression", "tuned", "maxbatch", "amp"):
+    for section in SECTIONS:
         results.setdefault(section, [])
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(markdown(results))
