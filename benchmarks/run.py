@@ -138,7 +138,7 @@ class Bench:
             "val_top1": (summary.get("eval") or {}).get("val_top1"),
         }
 
-    def native(self, backend: str, size: Size, world: int = 1, threads: int = 2) -> Dict[str, float]:
+    def native(self, backend: str, size: Size, world: int = 1, threads: int = 2, env: Dict[str, str] | None = None) -> Dict[str, float]:
         d = self._dir(f"native_{backend}")
         script = HERE / f"native_{backend}.py"
         args = ["--model", size.model, "--image-size", str(size.image), "--steps", str(size.steps), "--batch-size", str(self.batch),
@@ -148,7 +148,7 @@ class Bench:
         else:
             logs = ["--log_dir", str(d / "logs")] if backend == "paddle" else []
             cmd = [sys.executable, *LAUNCHERS[backend], "--nproc_per_node", str(world), *logs, str(script), *args]
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **(env or {})}
         launched = time.time()
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=d)
         if proc.returncode != 0:

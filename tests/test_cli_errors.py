@@ -30,6 +30,7 @@ from conftest import BACKENDS, FAST
         (["trainer.checkpoint_every=-1"], "trainer.checkpoint_every=-1 is not allowed: an integer >= 0"),
         (["trainer.keep_checkpoints=-2"], "trainer.keep_checkpoints=-2 is not allowed: an integer >= 0"),
         (["trainer.on_nonfinite=ignore"], "trainer.on_nonfinite='ignore' is not allowed: one of stop, warn"),
+        (["trainer.malloc=tcmalloc"], "trainer.malloc='tcmalloc' is not allowed: one of fixed, dynamic"),
         (["data.num_classes=1"], "data.num_classes=1 is not allowed: an integer >= 2"),
         (["trainer.batch_size=1"], "trainer.batch_size=1 is not allowed: at least 2 samples per device"),
         (["profiler.start=-1"], "profiler.start=-1 is not allowed: a step number >= 0"),

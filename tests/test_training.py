@@ -25,6 +25,7 @@ def test_tiny_model_learns_on_learnable_data(backend, unitrain_cli):
     assert summary["steps"] == 30 and summary["model"] == "tiny" and summary["device"] == "cpu"
     assert summary["precision"]["requested"] == "O0 float32" and summary["precision"]["effective"] == "fp32"
     assert summary["threads"] == 2
+    assert summary["malloc"]["mode"] == "fixed" and summary["malloc"]["applied"] is True  # Linux, glibc
     assert summary["throughput"]["samples_per_s"] > 0
     assert math.isclose(summary["final"]["loss"], sum(r["loss"] for r in records[-10:]) / 10)
     # The table a user came for, printed at the end.

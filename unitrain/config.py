@@ -17,6 +17,7 @@ from omegaconf import MISSING
 
 from unitrain.augment import AUGMENTATIONS
 from unitrain.errors import ConfigError
+from unitrain.malloc import MODES as MALLOC_MODES
 from unitrain.models import MODELS
 from unitrain.threads import available_cores
 
@@ -183,6 +184,9 @@ class TrainerConfig:
     resume: Optional[str] = None
     # A non-finite loss outside AMP's skipped steps: stop the run (exit 1) or warn once and go on.
     on_nonfinite: str = "stop"
+    # glibc's malloc thresholds: "fixed" keeps freed tensor memory for reuse (a step's cost then
+    # does not depend on the process's history: unitrain/malloc.py); "dynamic", glibc's defaults.
+    malloc: str = "fixed"
 
 
 @dataclass
@@ -389,6 +393,7 @@ def validate(cfg: UnitrainConfig | Any) -> None:
     if cfg.trainer.keep_checkpoints < 0:
         raise ConfigError("trainer.keep_checkpoints", cfg.trainer.keep_checkpoints, "an integer >= 0 (0: keep every checkpoint)")
     _one_of("trainer.on_nonfinite", cfg.trainer.on_nonfinite, NONFINITE_POLICIES)
+    _one_of("trainer.malloc", cfg.trainer.malloc, MALLOC_MODES)
     _positive("trainer.log_every", cfg.trainer.log_every)
     _positive("trainer.accumulate_steps", cfg.trainer.accumulate_steps)
     _positive("trainer.repeats", cfg.trainer.repeats)

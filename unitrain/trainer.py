@@ -27,6 +27,7 @@ from unitrain.data import build_dataset, build_heldout_dataset, guard, skipped_f
 from unitrain.evaluation import Evaluator
 from unitrain.errors import ConfigError, NothingLeftToRun
 from unitrain.loggers import make_sinks
+from unitrain import malloc
 from unitrain.metrics import MetricsLog, NonFiniteWatch, metrics_history, topk_accuracy
 from unitrain.profiler import Profiler, Tracer
 from unitrain.progress import StepProgress
@@ -79,8 +80,10 @@ class Trainer:
         # Applied to the freshly built model before the optimizer sees its parameters: how
         # quantization-aware training gives the loop a model with fake quantization inserted.
         self.prepare_model = prepare_model
+        self.malloc: Optional[Dict[str, Any]] = None  # what fit() set (unitrain/malloc.py)
 
     def fit(self) -> Dict[str, Any]:
+        self.malloc = malloc.apply(self.cfg.trainer.malloc)
         self.backend.set_threads(self.threads)
         self.backend.seed(self.cfg.trainer.seed)
         with self.backend.distributed(self.cfg.dist, self.cfg.backend.device) as dist:
@@ -375,6 +378,7 @@ class Trainer:
             "steps": len(records),
             "epochs": cfg.trainer.epochs,
             "precision": precision.describe(),
+            "malloc": self.malloc,
             "first_loss": records[0]["loss"] if records else None,
             "final": metrics.final(),
             "throughput": {

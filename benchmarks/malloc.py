@@ -1,0 +1,66 @@
+"""What glibc's malloc thresholds cost a training step: unitrain (trainer.malloc=dynamic|fixed)
+against the hand-written script (glibc's defaults, and the same fixed thresholds through glibc's
+environment variables), interleaved in one run, ResNet50 64x64 batch 16 on torch, 1 process x
+2 threads. Writes results.json and results.md.
+
+    python benchmarks/malloc.py [--pairs 8] [--backend torch] [--out benchmarks/results/malloc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from run import Bench, Size, machine, median_ci
+
+from unitrain import malloc
+
+# glibc's tunables for what unitrain sets with mallopt (the native script cannot call it).
+FIXED_ENV = {"MALLOC_MMAP_THRESHOLD_": str(malloc.MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(malloc.TRIM_THRESHOLD)}
+RUNS = ("unitrain dynamic", "native dynamic", "unitrain fixed", "native fixed")
+RATIOS = (("unitrain dynamic", "native dynamic"), ("unitrain fixed", "native fixed"), ("unitrain fixed", "native dynamic"),
+          ("unitrain fixed", "unitrain dynamic"), ("native fixed", "native dynamic"))  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=8)
+    parser.add_argument("--backend", default="torch", choices=("paddle", "torch"))
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "malloc")
+    args = parser.parse_args()
+    size = Size("resnet50", 64, 12, 2)
+    steps = {name: [] for name in RUNS}
+    with tempfile.TemporaryDirectory() as work:
+        bench = Bench(False, 1, Path(work), args.pairs, (args.backend,))
+        for i in range(args.pairs):
+            # Alternate the order, so that drift over the run falls on every variant alike.
+            for name in RUNS if i % 2 == 0 else RUNS[::-1]:
+                who, mode = name.split()
+                if who == "unitrain":
+                    result = bench.unitrain(args.backend, f"trainer.malloc={mode}", size=size)
+                else:
+                    result = bench.native(args.backend, size, env=FIXED_ENV if mode == "fixed" else None)
+                steps[name].append(result["step_s"])
+            print(f"pair {i + 1}/{args.pairs}: " + ", ".join(f"{n} {1e3 * v[-1]:.0f} ms" for n, v in steps.items()), flush=True)
+    rows = []
+    for num, den in RATIOS:
+        ratio, low, high = median_ci([a / b for a, b in zip(steps[num], steps[den])])
+        rows.append({"ratio": f"{num} / {den}", "median": ratio, "ci": [low, high]})
+    result = {"machine": machine(), "backend": args.backend, "model": size.model, "image_size": size.image,
+              "pairs": args.pairs, "step_ms": {n: 1e3 * statistics.median(v) for n, v in steps.items()}, "step_s": steps, "ratios": rows}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(result, indent=1))
+    lines = [f"# glibc malloc thresholds: {args.backend} {size.model} {size.image}x{size.image}, batch 16, 1 x 2 threads, {args.pairs} interleaved pairs",
+             "", "{cpu}, {cores} cores ({extensions}), Python {python}, torch {torch}, paddle {paddle}".format(**result["machine"]), "", "| run | median step ms |", "|---|---|"]  # fmt: skip
+    lines += [f"| {n} | {v:.1f} |" for n, v in result["step_ms"].items()]
+    lines += ["", "| ratio | median | 95% CI |", "|---|---|---|"]
+    lines += [f"| {r['ratio']} | {r['median']:.3f} | [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] |" for r in rows]
+    (args.out / "results.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
