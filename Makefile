@@ -11,7 +11,7 @@ PS_STAMP := $(PS_VENV)/.installed
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: run test test-fast bench recipe setup ps-env clean fashion-mnist
+.PHONY: run test test-slow test-all bench recipe setup ps-env clean fashion-mnist
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,11 +44,16 @@ fashion-mnist:
 run: $(STAMP)
 	$(PY) -m unitrain -m backend=paddle,torch
 
+# README's test command: every test not marked slow, under 15 minutes on 2 cores. The slow ones
+# (wheel install, multi-process jobs, quantization, parameter servers, the benchmark harness) run
+# with `make test-slow`; CI (.ci/run) runs both.
 test: $(STAMP) $(PS_STAMP) fashion-mnist
-	$(PY) -m pytest -q --durations=20
+	$(PY) -m pytest -q -m "not slow" --durations=10
 
-test-fast: $(STAMP) $(PS_STAMP) fashion-mnist
-	$(PY) -m pytest -q -m "not slow"
+test-slow: $(STAMP) $(PS_STAMP) fashion-mnist
+	$(PY) -m pytest -q -m slow --durations=20
+
+test-all: test test-slow
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py

@@ -149,6 +149,7 @@ def test_converted_checkpoint_loads_in_plain_framework_code(finished, tmp_path):
     np.testing.assert_allclose(run(target, converted), run(source, original), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_changes_nothing(finished, tmp_path):
     backend, full = finished
     before = {name: (full.run_dir / name).read_bytes() for name in ("metrics.jsonl", "summary.json")}
@@ -184,6 +185,7 @@ def test_keep_checkpoints_keeps_the_newest(tmp_path):
     assert (root / "latest").read_text() == "step8"
 
 
+@pytest.mark.slow
 def test_resume_latest_skips_checkpoints_that_do_not_fit(finished, tmp_path):
     backend, full = finished
     shutil.copytree(full.run_dir, tmp_path / "runs" / "fits")

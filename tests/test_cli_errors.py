@@ -77,6 +77,7 @@ def test_run_dir_with_earlier_results_is_refused_and_kept(unitrain_cli):
     assert {p: p.read_bytes() for p in kept} == kept
 
 
+@pytest.mark.slow
 def test_default_run_dirs_of_simultaneous_runs_differ(tmp_path):
     args = [sys.executable, "-m", "unitrain", *FAST, "trainer.steps=2"]
     procs = [subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]

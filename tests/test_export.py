@@ -103,6 +103,7 @@ def test_one_checkpoint_gives_four_artifacts_that_compute_what_it_computes(expor
         assert (got.argmax(1) == expected.argmax(1)).all(), name
 
 
+@pytest.mark.slow
 def test_fixed_batch_export_and_refusals_keep_what_exists(exported, tmp_path):
     backend, run_dir, directory = exported
     out = tmp_path / "fixed"

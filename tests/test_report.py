@@ -102,6 +102,7 @@ def test_unfair_comparison_is_flagged(tmp_path):
     assert "time to loss" in proc.stdout.splitlines()[0]
 
 
+@pytest.mark.slow
 def test_swept_threads_are_not_unfair_and_repeats_make_one_row(tmp_path):
     args = ["-m", "backend=torch", "trainer.threads=1,2", "model=tiny", "data.image_size=16", "trainer.progress=false"]
     result = run_unitrain([*args, "trainer.steps=4", "trainer.repeats=2"], tmp_path)
@@ -118,6 +119,7 @@ def test_compare_rejects_a_directory_without_runs(tmp_path):
     assert proc.stderr.strip() == f"unitrain.compare: error: no summary.json in {tmp_path} or below it: not a unitrain run or multirun directory"
 
 
+@pytest.mark.slow
 def test_tensorboard_events_and_missing_visualdl(unitrain_cli, tmp_path):
     result = unitrain_cli("backend=torch", *FAST, "trainer.steps=3", "trainer.loggers=[tensorboard]")
     assert result.returncode == 0, result.stderr[-2000:]
