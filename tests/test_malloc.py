@@ -36,4 +36,3 @@ def test_fixed_thresholds_reuse_a_freed_buffer_and_dynamic_ones_fault_it_in_agai
         runs[mode] = json.loads(out)
     assert runs["fixed"]["info"]["applied"] is True and runs["dynamic"]["info"] == {"mode": "dynamic", "applied": False}
     assert max(runs["fixed"]["faults"]) < LEAST_FAULTS <= min(runs["dynamic"]["faults"]), runs
-

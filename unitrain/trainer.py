@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 import numpy as np
 from omegaconf import OmegaConf
 
-from unitrain import __version__, machine
+from unitrain import __version__, machine, malloc
 from unitrain.augment import AugmentedDataset, EpochKeyedBatches
 from unitrain.backend import Backend, get_backend
 from unitrain.checkpoint import (
@@ -27,7 +27,6 @@ from unitrain.data import build_dataset, build_heldout_dataset, guard, skipped_f
 from unitrain.evaluation import Evaluator
 from unitrain.errors import ConfigError, NothingLeftToRun
 from unitrain.loggers import make_sinks
-from unitrain import malloc
 from unitrain.metrics import MetricsLog, NonFiniteWatch, metrics_history, topk_accuracy
 from unitrain.profiler import Profiler, Tracer
 from unitrain.progress import StepProgress
