@@ -19,6 +19,10 @@ def losses(result):
     return [(r["step"], r["loss"]) for r in result.metrics()]
 
 
+def held_out_lines(result):
+    return [r for r in map(json.loads, (result.run_dir / "metrics.jsonl").read_text().splitlines()) if "val_top1" in r]
+
+
 def final_weights(result):
     with np.load(result.run_dir / "final_weights.rank0.npz") as f:
         return {k: f[k] for k in f.files}
@@ -51,6 +55,23 @@ def test_resumed_run_equals_the_uninterrupted_one(finished, tmp_path):
     assert losses(resumed) == losses(full)
     a, b = final_weights(resumed), final_weights(full)
     assert all(np.array_equal(a[k], b[k]) for k in b)
+    # The clock continues from the checkpoint's, so time to a target counts steps 1-4 too.
+    elapsed = [r["elapsed_s"] for r in resumed.metrics()]
+    assert elapsed[:4] == [r["elapsed_s"] for r in full.metrics()][:4]
+    assert all(later > earlier for earlier, later in zip(elapsed, elapsed[1:])), elapsed
+
+
+def test_resumed_run_keeps_the_held_out_evaluations_and_their_clock(tmp_path):
+    held_out = [*CKPT, "backend=torch", "data.val_samples=40", "trainer.eval_every=4"]
+    full = run_unitrain(held_out, tmp_path / "full")
+    assert full.returncode == 0, full.stderr[-2000:]
+    resumed = run_unitrain([*held_out, f"trainer.resume={full.run_dir / 'checkpoints' / 'step4'}"], tmp_path / "resumed")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    evals, before = held_out_lines(resumed), held_out_lines(full)
+    assert [r["step"] for r in evals] == [4, 8]
+    assert evals[0] == before[0] and evals[1]["elapsed_s"] > evals[0]["elapsed_s"]
+    summary = json.loads((resumed.run_dir / "summary.json").read_text())["eval"]
+    assert summary["evaluations"] == 2 and summary["eval_s_total"] == pytest.approx(sum(r["eval_s"] for r in evals))
 
 
 def test_resume_latest_continues_the_newest_run(finished, tmp_path):

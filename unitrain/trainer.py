@@ -195,7 +195,11 @@ class Trainer:
         )  # fmt: skip
         progress = StepProgress(total_steps, f"{backend.name} {cfg.model.name}", main and cfg.trainer.progress, cfg.trainer.log_every)
         started, loop_started_at = time.perf_counter(), time.time()
-        step, pending, evaluations = job.start_step, [], []
+        # A resumed run's clock continues from its checkpoint's, so that time to a target counts
+        # the training and evaluation of every step it keeps (not the work lost after the
+        # checkpoint, nor the time between the two runs) and the curves against time do not jump back.
+        before = max((r.get("elapsed_s", 0.0) for r in job.history), default=0.0)
+        step, pending, evaluations = job.start_step, [], list(metrics.evals)
         watch = NonFiniteWatch(cfg.trainer.on_nonfinite, cfg.optim.lr)
         first_epoch, skip = divmod(job.start_step, steps_per_epoch)
         self.train_mode(job)
@@ -211,7 +215,7 @@ class Trainer:
                     tracer.step()
                     step += 1
                     record = {"epoch": epoch, "step": step, "lr": lr, "reader_cost": timing.reader_cost, "batch_cost": timing.batch_cost, "ips": timing.ips, "cpu_cost": timing.cpu_cost}
-                    record.update(precision.metrics(), elapsed_s=time.perf_counter() - started)
+                    record.update(precision.metrics(), elapsed_s=before + time.perf_counter() - started)
                     pending.append((record, local, stepped))
                     # Logged values are means over all ranks, not rank 0's alone. One all-reduce
                     # per log_every steps: per step, its latency (~1 ms on gloo here) was over 1%
@@ -225,7 +229,7 @@ class Trainer:
                         self._log_pending(dist, pending, metrics, progress, watch)
                     if evaluate_now:
                         result = self.evaluate(job)
-                        evaluations.append({"epoch": epoch, "step": step, **result, "elapsed_s": time.perf_counter() - started})
+                        evaluations.append({"epoch": epoch, "step": step, **result, "elapsed_s": before + time.perf_counter() - started})
                         metrics.append_eval(evaluations[-1])
                         log.info("step %d/%d  held-out: loss %.4f top1 %.4f top5 %.4f (%d samples, %.2f s)", step, total_steps,
                                  result["val_loss"], result["val_top1"], result["val_top5"], result["val_samples"], result["eval_s"])  # fmt: skip
@@ -268,11 +272,12 @@ class Trainer:
 
     @staticmethod
     def _eval_summary(evaluations: List[Dict[str, Any]]) -> Dict[str, Any] | None:
-        """The last held-out result, and the evaluation time apart from training time."""
+        """The last held-out result, and the evaluation time apart from training time (a resumed
+        run's include the evaluations of the run it continues)."""
         if not evaluations:
             return None
         last = {k: evaluations[-1][k] for k in ("step", "val_loss", "val_top1", "val_top5", "val_samples")}
-        return {**last, "evaluations": len(evaluations), "eval_s_total": sum(e["eval_s"] for e in evaluations)}
+        return {**last, "evaluations": len(evaluations), "eval_s_total": sum(e.get("eval_s", 0.0) for e in evaluations)}
 
     @staticmethod
     def _log_pending(dist, pending: list, metrics: MetricsLog, progress: StepProgress, watch: "NonFiniteWatch") -> None:
