@@ -14,7 +14,6 @@ keep it and its workers from running on, reparented to init, when the main proce
 from __future__ import annotations
 
 import ctypes
-import os
 import signal
 import threading
 import time

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import statistics
 import time
 from abc import ABC, abstractmethod
