@@ -19,7 +19,29 @@ def test_parameter_count_matches_reference(backend, name):
     assert b.num_parameters(b.build_model(name, num_classes=1000)) == REFERENCE_PARAMS[name]
 
 
-@pytest.mark.parametrize("name", ["tiny", "resnet18", "resnet50"])
+@pytest.mark.parametrize("backend", ["paddle", "torch"])
+def test_cifar_stem_keeps_full_resolution_into_layer1(backend):
+    """ResNet18 with the CIFAR stem: 11,173,962 parameters at 10 classes (the count of the usual
+    CIFAR ResNet18, kuangliu/pytorch-cifar's), the same names as the ImageNet stem's, a 3x3 conv1,
+    and 28x28 maps into layer1 where the ImageNet stem leaves 7x7."""
+    b = unitrain.get_backend(backend)
+    cifar, imagenet = b.build_model("resnet18_cifar", num_classes=10), b.build_model("resnet18", num_classes=10)
+    assert b.num_parameters(cifar) == 11_173_962
+    cifar_shapes = {k: tuple(v.shape) for k, v in b.state_arrays(cifar).items()}
+    imagenet_shapes = {k: tuple(v.shape) for k, v in b.state_arrays(imagenet).items()}
+    assert cifar_shapes.keys() == imagenet_shapes.keys()
+    assert {k for k in cifar_shapes if cifar_shapes[k] != imagenet_shapes[k]} == {"conv1.weight"} and cifar_shapes["conv1.weight"][2:] == (3, 3)
+    assert (_size_into_layer1(b, cifar, 28), _size_into_layer1(b, imagenet, 28)) == (28, 7)
+
+
+def _size_into_layer1(b, model, image_size: int) -> int:
+    images, _ = next(iter(b.make_loader(unitrain.SyntheticDataset(2, image_size=image_size, num_classes=10), [[0, 1]])))
+    with b.capture_outputs(model) as outputs:
+        model(images)
+    return dict(outputs)["maxpool"].shape[-1]
+
+
+@pytest.mark.parametrize("name", ["tiny", "resnet18", "resnet18_cifar", "resnet50"])
 def test_same_parameter_names_and_shapes_on_both_frameworks(name):
     paddle_model = unitrain.get_backend("paddle").build_model(name, num_classes=7)
     torch_model = unitrain.get_backend("torch").build_model(name, num_classes=7)
@@ -44,5 +66,5 @@ def test_forward_gives_logits_per_class(backend):
 
 
 def test_unknown_model_lists_the_available_ones():
-    with pytest.raises(unitrain.UnknownNameError, match="available: resnet18, resnet50, tiny"):
+    with pytest.raises(unitrain.UnknownNameError, match="available: resnet18, resnet18_cifar, resnet50, tiny"):
         unitrain.get_backend("torch").build_model("vgg16", num_classes=10)

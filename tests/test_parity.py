@@ -17,7 +17,7 @@ from unitrain.state import convert, from_canonical, to_canonical
 P, T = unitrain.get_backend("paddle"), unitrain.get_backend("torch")
 
 
-@pytest.mark.parametrize("name", ["tiny", "resnet18", "resnet50"])
+@pytest.mark.parametrize("name", ["tiny", "resnet18", "resnet18_cifar", "resnet50"])
 def test_round_trip_conversion_is_exact(name):
     torch_state = T.state_arrays(T.build_model(name, 10))
     back = convert(convert(torch_state, "torch", "paddle"), "paddle", "torch")
@@ -38,18 +38,19 @@ def test_layouts_and_names_are_mapped():
     assert "bn1._mean" in from_canonical("paddle", canonical)
 
 
-def test_converted_model_computes_the_same_outputs():
-    torch_model = T.build_model("resnet18", 10)
+@pytest.mark.parametrize("name, size", [("resnet18", 32), ("resnet18_cifar", 28)])
+def test_converted_model_computes_the_same_outputs(name, size):
+    torch_model = T.build_model(name, 10)
     with torch.no_grad():  # non-trivial running statistics, so eval mode tests their mapping
         for m in torch_model.modules():
             if isinstance(m, torch.nn.BatchNorm2d):
                 m.running_mean.uniform_(-0.5, 0.5)
                 m.running_var.uniform_(0.5, 2.0)
-    paddle_model = P.build_model("resnet18", 10)
+    paddle_model = P.build_model(name, 10)
     P.load_state_arrays(paddle_model, convert(T.state_arrays(torch_model), "torch", "paddle"))
     torch_model.eval()
     paddle_model.eval()
-    x = np.random.default_rng(0).standard_normal((4, 3, 32, 32)).astype(np.float32)
+    x = np.random.default_rng(0).standard_normal((4, 3, size, size)).astype(np.float32)
     expected = torch_model(torch.from_numpy(x)).detach().numpy()
     np.testing.assert_allclose(paddle_model(paddle.to_tensor(x)).numpy(), expected, rtol=1e-4, atol=1e-5)
 

@@ -70,9 +70,11 @@ class ResNet(nn.Layer):
     def __init__(self, spec: ResNetSpec, num_classes: int, zero_init_residual: bool = True):
         super().__init__()
         block = BottleneckBlock if spec.block == "bottleneck" else BasicBlock
-        self.conv1, self.bn1 = _conv_bn(3, spec.width, 7, stride=2)
+        stem = spec.stem_layers
+        self.conv1, self.bn1 = _conv_bn(3, spec.width, stem.kernel, stride=stem.stride)
         self.relu = nn.ReLU()
-        self.maxpool = nn.MaxPool2D(3, stride=2, padding=1)
+        # An Identity where the stem has no pool: forward() and the leaf layers stay the same for every stem.
+        self.maxpool = nn.MaxPool2D(3, stride=2, padding=1) if stem.max_pool else nn.Identity()
         cin = spec.width
         for i, (width, depth) in enumerate(zip(spec.stage_widths(), spec.layers)):
             blocks = []
