@@ -9,6 +9,11 @@ import pytest
 
 from conftest import BACKENDS, FAST, run_unitrain
 from test_distributed import EXACT, weights
+from unitrain.backends.paddle import blas
+
+# Paddle's MKL AVX2 kernels apply on a CPU that is not Intel's and has AVX2 and FMA (this
+# project's machines have been AMD EPYCs); elsewhere tuned mode skips them and says why.
+MKL_AVX2_NOT_APPLICABLE = blas.avx2_not_applicable()
 
 STEPS = ["trainer.steps=4", "trainer.batch_size=16"]
 EXPECTED = {"torch": ("channels_last", "torch.compile inductor"), "paddle": ("paddle.jit.to_static",)}
@@ -30,7 +35,7 @@ def test_tuned_run_reports_what_its_framework_did_and_trains_the_same_model(back
     for setting in EXPECTED[backend]:
         assert any(a.startswith(setting) for a in t["applied"]), t["applied"]
     if backend == "paddle":
-        assert set(t["skipped"]) == {"oneDNN", "NHWC"}, t["skipped"]
+        assert set(t["skipped"]) == {"oneDNN", "NHWC"} | ({"mkl_avx2"} if MKL_AVX2_NOT_APPLICABLE else set()), t["skipped"]
     # The same weights and batches: a compiled or static program computes the same losses, up
     # to the reordering of floating-point sums (a wrong layout or a frozen graph moves them).
     np.testing.assert_allclose([m["loss"] for m in tuned.metrics()], [m["loss"] for m in same.metrics()], rtol=2e-3)
@@ -41,9 +46,28 @@ def test_tuned_on_a_cpu_applies_only_what_helped_and_says_why(backend, left_out,
     result = run_unitrain([f"backend={backend}", *FAST, "trainer.steps=2", "backend.tuned=true"], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     tuning = result.summary()["tuning"]
-    assert tuning["settings"] == "tuned" and tuning["applied"] == []
-    assert set(tuning["skipped"]) == left_out
+    mkl_avx2 = backend == "paddle" and not MKL_AVX2_NOT_APPLICABLE
+    assert tuning["settings"] == "tuned" and tuning["applied"] == (["MKL 2019.0.5 AVX2 kernels"] if mkl_avx2 else [])
+    assert set(tuning["skipped"]) == left_out | ({"mkl_avx2"} if backend == "paddle" and not mkl_avx2 else set())
     assert all("measured" in why for name, why in tuning["skipped"].items() if name in ("to_static", "compile", "channels_last"))
+
+
+@pytest.mark.skipif(bool(MKL_AVX2_NOT_APPLICABLE), reason=f"Paddle's MKL AVX2 kernels do not apply here: {MKL_AVX2_NOT_APPLICABLE}")
+def test_paddle_mkl_runs_its_generic_kernels_on_this_cpu_unless_tuned_and_the_report_says_so(tmp_path):
+    common = ["backend=paddle", *FAST, *STEPS, "model.init=shared"]
+    same = run_unitrain(common, tmp_path / "same")
+    tuned = run_unitrain([*common, "backend.tuned=true", "backend.tuned_settings=[mkl_avx2]"], tmp_path / "tuned")
+    assert same.returncode == 0 and tuned.returncode == 0, same.stderr[-2000:] + tuned.stderr[-2000:]
+    # What MKL itself answers (mkl_serv_cpu_detect), not what was asked for.
+    assert same.summary()["blas"] == "MKL 2019.0.5, generic kernels"
+    assert tuned.summary()["blas"] == "MKL 2019.0.5, AVX2 kernels"
+    assert tuned.summary()["tuning"]["applied"] == ["MKL 2019.0.5 AVX2 kernels"]
+    # Other kernels, the same arithmetic up to rounding (FMA): the same model trains.
+    np.testing.assert_allclose([m["loss"] for m in tuned.metrics()], [m["loss"] for m in same.metrics()], rtol=1e-4)
+    from unitrain.compare import fairness_warnings, load_runs
+
+    warnings = fairness_warnings(load_runs([same.run_dir, tuned.run_dir]))
+    assert any(w.startswith("paddle ran MKL 2019.0.5, generic kernels") and "backend.tuned=true" in w for w in warnings), warnings
 
 
 @pytest.mark.parametrize("args,message", [

@@ -241,6 +241,12 @@ def fairness_warnings(runs: List[Run]) -> List[str]:
         values = {str(r.summary.get(fact)) for r in runs}
         if len(values) > 1 and not allowed(key) and not any(w.startswith(f"runs differ in {key} ") for w in warnings):
             warnings.append(f"runs differ in {fact} ({' vs '.join(sorted(values))}): the comparison would not be fair")
+    generic = sorted({r.summary["blas"] for r in runs if "generic kernels" in r.summary.get("blas", "")})
+    if generic:
+        warnings.append(
+            f"paddle ran {generic[0]}: its MKL chooses by CPU vendor and leaves a CPU that is not Intel's on them, so Paddle's "
+            "convolutions and matmuls ran below this CPU's speed; backend.tuned=true runs MKL's AVX2 kernels (README: Paddle's MKL on AMD CPUs)"
+        )
     return warnings
 
 
@@ -308,6 +314,7 @@ def environment(runs: List[Run]) -> List[Dict[str, str]]:
             "framework": f"{r.summary['framework']} {r.summary['version']}",
             "device": r.summary["device"],
             "threads": str(r.summary["threads"]),
+            "BLAS kernels": r.summary.get("blas", "-"),
             "loader workers": str(r.config.get("data", {}).get("num_workers", "?")),
             "world": str(r.summary["world_size"]),
             "seed": str(r.summary["seed"]),

@@ -17,8 +17,9 @@ FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx51
 
 @functools.lru_cache(maxsize=None)
 def cpu() -> Dict[str, object]:
-    """Model name, logical CPUs and which of :data:`FLAGS` this CPU has (Linux; elsewhere unknown)."""
-    model, flags, count = platform.processor() or None, set(), 0
+    """Model name, vendor, logical CPUs and which of :data:`FLAGS` this CPU has (Linux; elsewhere
+    unknown). The vendor matters too: some math libraries choose their kernels by it."""
+    model, vendor, flags, count = platform.processor() or None, None, set(), 0
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
             for line in f:
@@ -28,9 +29,11 @@ def cpu() -> Dict[str, object]:
                     count += 1
                 elif key == "model name" and model in (None, "", platform.processor()):
                     model = value.strip()
+                elif key == "vendor_id" and vendor is None:
+                    vendor = value.strip()
                 elif key == "flags" and not flags:
                     flags = set(value.split())
     except OSError:
-        return {"model": model, "logical_cpus": None, "extensions": None}
+        return {"model": model, "vendor": None, "logical_cpus": None, "extensions": None}
     extensions: List[str] = [f for f in FLAGS if f in flags]
-    return {"model": model, "logical_cpus": count, "extensions": extensions}
+    return {"model": model, "vendor": vendor, "logical_cpus": count, "extensions": extensions}

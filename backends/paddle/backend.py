@@ -13,7 +13,7 @@ from unitrain.backend import Backend, check_state as _check_state
 from unitrain.config import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
 from unitrain.models import ResNetSpec
 
-from . import data, distributed, models, optim, precision, profiler
+from . import blas, data, distributed, models, optim, precision, profiler
 
 
 class PaddleBackend(Backend):
@@ -27,6 +27,13 @@ class PaddleBackend(Backend):
 
     def version(self) -> str:
         return paddle.__version__
+
+    def describe(self):
+        # The kernels Paddle's MKL ran, observed: on a CPU that is not Intel's they are its
+        # generic ones unless backend.tuned asked for AVX2 (blas.py). Read at the end of a job,
+        # since asking fixes MKL's choice.
+        mkl = blas.code_path()
+        return {**super().describe(), **({"blas": f"{mkl['library']}, {mkl['code_path']} kernels"} if mkl else {})}
 
     def set_threads(self, threads: int) -> None:
         paddle.base.core.set_num_threads(threads)
