@@ -19,7 +19,8 @@ Sections (each a table in results.md, all numbers in results.json):
   compression  held-out top-1 with and without fp16 gradient compression (torch, 2 x 1)
   maxbatch  the largest batch each backend's ResNet50 job fits under a memory limit (unitrain.maxbatch)
   tuned     backend.tuned=true against the same settings (torch.compile + channels-last;
-            Paddle's to_static), interleaved pairs, with what each framework reported it did
+            Paddle's to_static and its MKL's AVX2 kernels), interleaved pairs, with what each
+            framework reported it did
   amp       samples/s for O0-O3 (bfloat16) per backend, and the precision that really ran
 Runs of a pair alternate, and which goes first alternates from pair to pair, so that drift hits
 both alike; every figure is a median over repeats with its spread. Timings are never asserted
@@ -74,7 +75,7 @@ AMP_LEVELS = {True: ("O0", "O2"), False: ("O0", "O1", "O2", "O3")}
 # Every setting by name (on a CPU the defaults leave them all out, since they measured no
 # faster here: these rows keep measuring them), together and alone.
 TUNED_VARIANTS = {True: [("paddle", "to_static"), ("torch", "compile,channels_last")],
-                  False: [("paddle", "to_static"), ("torch", "compile,channels_last"), ("torch", "compile"), ("torch", "channels_last")]}
+                  False: [("paddle", "to_static"), ("paddle", "mkl_avx2"), ("torch", "compile,channels_last"), ("torch", "compile"), ("torch", "channels_last")]}
 
 
 def median_ci(values: List[float], level: float = 0.95, resamples: int = 2000) -> Tuple[float, float, float]:
@@ -86,8 +87,10 @@ def median_ci(values: List[float], level: float = 0.95, resamples: int = 2000) -
 
 
 class Bench:
-    def __init__(self, quick: bool, repeats: int, work: Path, pairs: int, backends=BACKENDS):
+    def __init__(self, quick: bool, repeats: int, work: Path, pairs: int, backends=BACKENDS, tuned_settings=None):
         self.work, self.repeats, self.pairs, self.backends = work, repeats, pairs, tuple(backends)
+        # The tuned section's variants to measure (as backend.tuned_settings spells them); None: all.
+        self.tuned_settings = tuned_settings
         self.size = Size("tiny", 16, 8, 2) if quick else Size("resnet18", 32, 30, 5)
         self.batch = 16
         self.quick = quick
@@ -291,7 +294,8 @@ class Bench:
         samples/s over same-settings samples/s (compilation falls in the warm-up steps)."""
         rows = []
         for size in TUNED_SIZES[self.quick]:
-            for backend, variant in [(b, v) for b, v in TUNED_VARIANTS[self.quick] if b in self.backends]:
+            variants = [(b, v) for b, v in TUNED_VARIANTS[self.quick] if b in self.backends and v in (self.tuned_settings or [v])]
+            for backend, variant in variants:
                 overrides = ["backend.tuned=true", f"backend.tuned_settings=[{variant}]"]
                 pairs = []
                 for i in range(self.pairs):
@@ -350,7 +354,8 @@ def machine() -> Dict[str, str]:
         except IndexError:
             versions[module] = "?"
     extensions = " ".join(info["extensions"] or []) or "none of " + " ".join(FLAGS)
-    return {"cpu": info["model"] or platform.processor(), "cores": str(os.cpu_count()), "extensions": extensions, "python": platform.python_version(), **versions}
+    # The vendor too: Paddle's MKL chooses its kernels by it (backends/paddle/blas.py).
+    return {"cpu": f"{info['model'] or platform.processor()} ({info.get('vendor') or 'vendor unknown'})", "cores": str(os.cpu_count()), "extensions": extensions, "python": platform.python_version(), **versions}
 
 
 def markdown(results: Dict) -> str:
@@ -435,18 +440,22 @@ def main(argv=None) -> int:
     parser.add_argument("--pairs", type=int, default=None, help="interleaved unitrain/native pairs per overhead row (default 10; 2 with --quick)")
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--backends", default=",".join(BACKENDS), help="which frameworks to measure (default: both)")
+    parser.add_argument("--tuned-settings", nargs="+", help="the tuned section measures only these variants, e.g. mkl_avx2 'compile,channels_last'")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args(argv)
     backends = args.backends.split(",")
     sections = args.sections.split(",")
     wrong = [b for b in backends if b not in BACKENDS] + [name for name in sections if name not in SECTIONS]
+    known = sorted({v for variants in TUNED_VARIANTS.values() for _, v in variants})
+    wrong += [v for v in args.tuned_settings or () if v not in known]
     if wrong:
-        parser.error(f"{', '.join(wrong)} is not allowed: --backends takes {', '.join(BACKENDS)}; --sections takes {', '.join(SECTIONS)}")
+        parser.error(f"{', '.join(wrong)} is not allowed: --backends takes {', '.join(BACKENDS)}; --sections takes {', '.join(SECTIONS)}; "
+                     f"--tuned-settings takes {', '.join(known)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="unitrain-bench-"))
     args.pairs = args.pairs or (2 if args.quick else 10)
-    bench = Bench(args.quick, args.repeats, work, args.pairs, backends)
+    bench = Bench(args.quick, args.repeats, work, args.pairs, backends, args.tuned_settings)
     results = {"machine": machine(), "config": {"model": bench.size.model, "image_size": bench.size.image, "batch_size": bench.batch,
                "steps": bench.size.steps, "warmup": bench.size.warmup, "repeats": args.repeats, "pairs": args.pairs, "quick": args.quick}}  # fmt: skip
     started = time.time()
