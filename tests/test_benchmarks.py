@@ -40,3 +40,26 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path):
     for heading in ("## Overhead", "## The loop alone", "## Start-up", "## Data loading", "## Data-parallel scaling", "## What fp16 gradient compression costs",
                     "## Each framework at its best", "## Largest batch that fits", "## Mixed precision"):
         assert heading in text
+
+
+def test_bn_variance_reproduces_paddles_held_out_result_and_times_the_correction(tmp_path):
+    """A Paddle run's checkpoint, evaluated in torch with the running variance it recorded
+    (torch's unbiased one since unitrain's Paddle models follow it), gives Paddle's own held-out
+    result; the biased definition gives another loss. The cost section runs and writes its files."""
+    from conftest import FAST, run_unitrain
+
+    run = run_unitrain(["backend=paddle", *FAST, "trainer.batch_size=4", "trainer.steps=30", "data.val_samples=64", "trainer.checkpoint_every=30"], tmp_path / "job")
+    assert run.returncode == 0, run.stderr[-2000:]
+    script = str(HARNESS.parent / "bn_variance.py")
+    proc = subprocess.run([sys.executable, script, "accuracy", str(run.run_dir), "--out", str(tmp_path / "acc")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (row,) = json.loads((tmp_path / "acc" / "results.json").read_text())["rows"]
+    held_out = run.summary()["eval"]
+    assert row["step"] == 30 and row["smallest_n"] == 4  # batch 4, 1x1 maps in the last stages
+    assert abs(row["unbiased"]["val_loss"] - held_out["val_loss"]) < 1e-4 and row["unbiased"]["val_top1"] == held_out["val_top1"]
+    assert abs(row["biased"]["val_loss"] - row["unbiased"]["val_loss"]) > 1e-4
+    proc = subprocess.run([sys.executable, script, "cost", "--quick", "--steps", "2", "--out", str(tmp_path / "cost")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (cost,) = json.loads((tmp_path / "cost" / "cost.json").read_text())["rows"]
+    assert cost["model"] == "tiny 16x16 batch 8" and cost["wall_ratio"][1] <= cost["wall_ratio"][0] <= cost["wall_ratio"][2]
+    assert "| tiny 16x16 batch 8 |" in (tmp_path / "cost" / "cost.md").read_text()

@@ -55,6 +55,27 @@ def test_converted_model_computes_the_same_outputs(name, size):
     np.testing.assert_allclose(paddle_model(paddle.to_tensor(x)).numpy(), expected, rtol=1e-4, atol=1e-5)
 
 
+def test_training_leaves_the_same_batchnorm_statistics_on_both_frameworks():
+    """Running statistics feed evaluation, export and inference. Paddle's own BatchNorm folds in
+    the biased batch variance and torch's the unbiased one, 1/(n-1) apart: 1/3 here, where
+    layer3 and layer4 see n = 4 values a channel (4 images of 1x1 maps). unitrain's models
+    follow torch on both, so the same training gives the same model to evaluate."""
+    models = {b: b.build_model("tiny", 10, init="shared", seed=3) for b in (P, T)}
+    rng = np.random.default_rng(0)
+    for batch in (4, 4, 6):  # a smaller last batch too: n is counted per batch
+        x = rng.standard_normal((batch, 3, 16, 16)).astype(np.float32)
+        models[P](paddle.to_tensor(x)), models[T](torch.from_numpy(x))
+    paddle_state, torch_state = (to_canonical(b.name, b.state_arrays(models[b])) for b in (P, T))
+    stats = [k for k in torch_state if k.endswith(("running_mean", "running_var"))]
+    assert len(stats) == 2 * 12
+    for key in stats:
+        np.testing.assert_allclose(paddle_state[key], torch_state[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    x = rng.standard_normal((3, 3, 16, 16)).astype(np.float32)
+    models[P].eval(), models[T].eval()
+    expected = models[T](torch.from_numpy(x)).detach().numpy()
+    np.testing.assert_allclose(models[P](paddle.to_tensor(x)).numpy(), expected, rtol=1e-4, atol=1e-5)
+
+
 def test_shared_init_is_identical_on_both_frameworks():
     a = to_canonical("paddle", P.state_arrays(P.build_model("resnet18", 10, init="shared", seed=5)))
     b = T.state_arrays(T.build_model("resnet18", 10, init="shared", seed=5))
@@ -86,6 +107,7 @@ def test_parity_of_the_tiny_model_within_tolerance(tmp_path):
     assert report["first_batch_activations"]["layers_compared"] == 36
     assert report["first_batch_activations"]["first_beyond_tolerance"] is None
     assert all(r["max_param_diff"] < 1e-5 for r in report["per_step"])
+    assert report["max_running_stat_rel_diff"] <= 1e-5  # Paddle's own BatchNorm: 3.5e-2 here
     assert report["determinism"]["torch"]["torch.use_deterministic_algorithms"] is True
     assert (tmp_path / "parity.png").read_bytes().startswith(b"\x89PNG")
     assert "| step | loss paddle | loss torch |" in proc.stdout and "within tolerance" in proc.stdout

@@ -3,9 +3,11 @@
 Both backends run in this one process, in fp32, from the same initial weights
 (``model.init=shared``) on the same batches, with the same threads. Per step it reports each
 loss, their absolute and relative difference and the largest parameter difference after the
-step; on the first batch it compares every layer's output and names the first layer whose
-output differs by more than ``activation_tolerance``. Writes parity.json and parity.png into
-the run directory and exits 1 when the relative loss difference exceeds ``tolerance``.
+step and the largest relative difference of the BatchNorm running statistics, which training
+does not use but evaluation, export and inference do; on the first batch it compares every
+layer's output and names the first layer whose output differs by more than
+``activation_tolerance``. Writes parity.json and parity.png into the run directory and exits 1
+when the relative loss difference or that of the running statistics exceeds ``tolerance``.
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ class ParityConfig:
 
 def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-12))
+
+
+def running_stat_diff(paddle_state: Dict[str, np.ndarray], torch_state: Dict[str, np.ndarray]) -> float:
+    """Largest relative difference of BatchNorm running mean or variance (canonical names)."""
+    names = [k for k in torch_state if k.endswith((".running_mean", ".running_var"))]
+    return max((_rel(paddle_state[k], torch_state[k]) for k in names), default=0.0)
 
 
 def first_divergence(acts: Dict[str, List], tolerance: float) -> Dict[str, Any]:
@@ -100,7 +108,7 @@ def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
 
     records, acts = [], {}
     for step in range(cfg.steps):
-        losses, params = {}, {}
+        losses, params, states = {}, {}, {}
         for name, backend in backends.items():
             r = runs[name]
             images, labels = next(r["batches"])
@@ -114,13 +122,16 @@ def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
             r["optimizer"].zero_grad()
             losses[name] = float(backend.to_numpy(loss))
             params[name] = to_canonical(name, backend.parameter_arrays(r["model"]))
+            states[name] = to_canonical(name, backend.state_arrays(r["model"]))
         param_diff = max(float(np.max(np.abs(params["paddle"][k] - params["torch"][k]))) for k in params["torch"])
         abs_diff = abs(losses["paddle"] - losses["torch"])
         records.append({
             "step": step + 1, "loss_paddle": losses["paddle"], "loss_torch": losses["torch"], "abs_diff": abs_diff,
             "rel_diff": abs_diff / max(abs(losses["torch"]), 1e-12), "max_param_diff": param_diff,
+            "running_stat_rel_diff": running_stat_diff(states["paddle"], states["torch"]),
         })  # fmt: skip
     worst = max(r["rel_diff"] for r in records)
+    worst_stats = max(r["running_stat_rel_diff"] for r in records)
     report = {
         "model": cfg.model.name,
         "data": cfg.data.name,
@@ -132,7 +143,8 @@ def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
         "determinism": determinism,
         "tolerance": cfg.tolerance,
         "max_rel_loss_diff": worst,
-        "passed": worst <= cfg.tolerance,
+        "max_running_stat_rel_diff": worst_stats,
+        "passed": worst <= cfg.tolerance and worst_stats <= cfg.tolerance,
         "first_batch_activations": first_divergence(acts, cfg.activation_tolerance) | {"tolerance": cfg.activation_tolerance},
         "per_step": records,
     }
@@ -156,6 +168,7 @@ def plot(records: List[Dict[str, float]], tolerance: float, path: Path) -> None:
     floor = 1e-12  # a log axis cannot show an exact zero
     ax_diff.semilogy(steps, [max(r["rel_diff"], floor) for r in records], label="relative loss difference")
     ax_diff.semilogy(steps, [max(r["max_param_diff"], floor) for r in records], label="max parameter difference")
+    ax_diff.semilogy(steps, [max(r["running_stat_rel_diff"], floor) for r in records], label="BatchNorm running statistics (relative)")
     ax_diff.axhline(tolerance, color="red", linestyle=":", label=f"tolerance {tolerance:g}")
     ax_diff.set(title="divergence between frameworks", xlabel="step")
     ax_diff.legend(fontsize=8)
@@ -165,10 +178,10 @@ def plot(records: List[Dict[str, float]], tolerance: float, path: Path) -> None:
 
 
 def format_table(report: Dict[str, Any]) -> str:
-    lines = ["| step | loss paddle | loss torch | abs diff | rel diff | max param diff |", "|---|---|---|---|---|---|"]
+    lines = ["| step | loss paddle | loss torch | abs diff | rel diff | max param diff | BN stats rel diff |", "|---|---|---|---|---|---|---|"]
     for r in report["per_step"]:
         lines.append(
-            f"| {r['step']} | {r['loss_paddle']:.6f} | {r['loss_torch']:.6f} | {r['abs_diff']:.2e} | {r['rel_diff']:.2e} | {r['max_param_diff']:.2e} |"
+            f"| {r['step']} | {r['loss_paddle']:.6f} | {r['loss_torch']:.6f} | {r['abs_diff']:.2e} | {r['rel_diff']:.2e} | {r['max_param_diff']:.2e} | {r['running_stat_rel_diff']:.2e} |"
         )
     a = report["first_batch_activations"]
     first = a["first_beyond_tolerance"]
@@ -178,7 +191,10 @@ def format_table(report: Dict[str, Any]) -> str:
         + f"; largest {a['largest']['layer']} ({a['largest']['rel_diff']:.2e})"
     )
     verdict = "within" if report["passed"] else "BEYOND"
-    lines.append(f"max relative loss difference {report['max_rel_loss_diff']:.2e}: {verdict} tolerance {report['tolerance']:g}")
+    lines.append(
+        f"max relative loss difference {report['max_rel_loss_diff']:.2e}, BatchNorm running statistics "
+        f"{report['max_running_stat_rel_diff']:.2e}: {verdict} tolerance {report['tolerance']:g}"
+    )
     return "\n".join(lines)
 
 

@@ -2,15 +2,54 @@
 
 from __future__ import annotations
 
+import math
+
 import paddle
 from paddle import nn
+from paddle.nn import functional as F
 
 from unitrain.models import ResNetSpec
 
 
-def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1) -> tuple[nn.Conv2D, nn.BatchNorm2D]:
+class BatchNorm2D(nn.BatchNorm2D):
+    """Paddle's BatchNorm2D with torch's running variance: the unbiased batch variance.
+
+    Paddle folds the biased variance of each batch (its sum of squares over n, the values a
+    channel has: batch x height x width) into its running variance, torch the unbiased one (over
+    n - 1). Evaluation, export and inference use the running variance, so the same training
+    would give the two frameworks different models: 1/(n-1) apart, 0.8% of the variance in
+    ResNet18's last stage at batch 128 and 32x32 images, 3% at 8 images a rank and 2x2 maps.
+    Training itself (on the batch's statistics) is unchanged.
+    """
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        if not self.training or self._use_global_stats:
+            return super().forward(x)
+        self._check_input_dim(x)
+        m = self._momentum
+        if not paddle.in_dynamic_mode():  # paddle.jit.to_static: the batch size may be a variable
+            running = self._variance.detach().clone()
+            out = F.batch_norm(x, self._mean, running, self.weight, self.bias, True, m, self._epsilon, self._data_format)
+            n = paddle.cast(x.numel() // self._num_features, running.dtype)
+            # Paddle wrote m * before + (1 - m) * biased; torch's has biased * n / (n - 1) instead.
+            paddle.assign((running * n - self._variance * m) / (n - 1), self._variance)
+            return out
+        n = math.prod(x.shape) // self._num_features
+        k = n / (n - 1) if n > 1 else 1.0
+        # Paddle's op updates its variance input to m * input + (1 - m) * biased; given
+        # before / k, that is exactly torch's value / k. The op keeps its variance input for the
+        # backward pass and refuses one changed in place afterwards, so the layer's variance takes
+        # the buffer of a new tensor: as cheap as Paddle's own layer (36-39 against 36 us a call
+        # here), where copying the value back in place cost about 30 us a layer.
+        running = self._variance.scale(1.0 / k)
+        out = F.batch_norm(x, self._mean, running, self.weight, self.bias, True, m, self._epsilon, self._data_format)
+        running.scale(k)._share_buffer_to(self._variance)
+        return out
+
+
+def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1) -> tuple[nn.Conv2D, BatchNorm2D]:
     # paddle's BN momentum 0.9 is torch's 0.1 (weight of the running value vs. of the batch).
-    return nn.Conv2D(cin, cout, kernel, stride=stride, padding=kernel // 2, bias_attr=False), nn.BatchNorm2D(cout)
+    return nn.Conv2D(cin, cout, kernel, stride=stride, padding=kernel // 2, bias_attr=False), BatchNorm2D(cout)
 
 
 class BasicBlock(nn.Layer):
