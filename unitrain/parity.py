@@ -54,10 +54,19 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-12))
 
 
+_RUNNING_STATS = (".running_mean", ".running_var")
+
+
 def running_stat_diff(paddle_state: Dict[str, np.ndarray], torch_state: Dict[str, np.ndarray]) -> float:
     """Largest relative difference of BatchNorm running mean or variance (canonical names)."""
-    names = [k for k in torch_state if k.endswith((".running_mean", ".running_var"))]
+    names = [k for k in torch_state if k.endswith(_RUNNING_STATS)]
     return max((_rel(paddle_state[k], torch_state[k]) for k in names), default=0.0)
+
+
+def parameter_diff(paddle_state: Dict[str, np.ndarray], torch_state: Dict[str, np.ndarray]) -> float:
+    """Largest absolute difference of the trained parameters: the state less BatchNorm's buffers."""
+    names = [k for k in torch_state if not k.endswith((*_RUNNING_STATS, ".num_batches_tracked"))]
+    return max(float(np.max(np.abs(paddle_state[k] - torch_state[k]))) for k in names)
 
 
 def first_divergence(acts: Dict[str, List], tolerance: float) -> Dict[str, Any]:
@@ -108,7 +117,7 @@ def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
 
     records, acts = [], {}
     for step in range(cfg.steps):
-        losses, params, states = {}, {}, {}
+        losses, states = {}, {}
         for name, backend in backends.items():
             r = runs[name]
             images, labels = next(r["batches"])
@@ -121,9 +130,8 @@ def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
             r["optimizer"].step()
             r["optimizer"].zero_grad()
             losses[name] = float(backend.to_numpy(loss))
-            params[name] = to_canonical(name, backend.parameter_arrays(r["model"]))
             states[name] = to_canonical(name, backend.state_arrays(r["model"]))
-        param_diff = max(float(np.max(np.abs(params["paddle"][k] - params["torch"][k]))) for k in params["torch"])
+        param_diff = parameter_diff(states["paddle"], states["torch"])
         abs_diff = abs(losses["paddle"] - losses["torch"])
         records.append({
             "step": step + 1, "loss_paddle": losses["paddle"], "loss_torch": losses["torch"], "abs_diff": abs_diff,

@@ -10,6 +10,9 @@ from paddle.nn import functional as F
 
 from unitrain.models import ResNetSpec
 
+# (place, dtype, layout) -> whether Paddle's batch_norm op there folds in the biased variance.
+_BIASED_VARIANCE: dict = {}
+
 
 def _op_folds_biased_variance(x: paddle.Tensor, data_format: str) -> bool:
     """Whether Paddle's batch_norm op, where ``x`` lives, folds the biased batch variance into the
@@ -34,9 +37,6 @@ def _static_op_folds_biased_variance(data_format: str) -> bool:
     device = paddle.get_device()
     seen = [v for (place, _, fmt), v in _BIASED_VARIANCE.items() if device in place and fmt == data_format]
     return seen[0] if seen else device == "cpu"
-
-
-_BIASED_VARIANCE: dict = {}
 
 
 class BatchNorm2D(nn.BatchNorm2D):
