@@ -6,6 +6,7 @@ import json
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -27,9 +28,17 @@ def test_wheel_in_fresh_venv_runs_outside_source_tree(tmp_path):
         REPO, source,
         ignore=lambda d, names: [n for n in names if (Path(d) == REPO and n in top_level_outputs) or n == "__pycache__" or n.endswith(".egg-info")],
     )  # fmt: skip
-    built = sh(sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", tmp_path / "dist", source, cwd=tmp_path)
+    # -v shows setuptools' own output: what it deprecates today stops building later (the
+    # license table form on 2027-02-18), and a folder it "would ignore" would drop configs.
+    built = sh(sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", tmp_path / "dist", source, cwd=tmp_path)
     assert built.returncode == 0, built.stderr[-2000:]
+    build_output = built.stdout + built.stderr
+    for warning in ("is deprecated", "would be ignored", "is absent from the `packages` configuration"):
+        assert warning not in build_output, build_output[build_output.find(warning) - 1500 :][:3000]
     (wheel,) = (tmp_path / "dist").glob("unitrain-*.whl")
+    shipped = set(zipfile.ZipFile(wheel).namelist())
+    configs = {f"unitrain/conf/{p.relative_to(REPO / 'conf')}" for p in (REPO / "conf").rglob("*.yaml")}
+    assert configs and not configs - shipped, sorted(configs - shipped)
 
     venv = tmp_path / "venv"
     assert sh(sys.executable, "-m", "venv", venv, cwd=tmp_path).returncode == 0
