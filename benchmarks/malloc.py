@@ -1,9 +1,9 @@
 """What glibc's malloc thresholds cost a training step: unitrain (trainer.malloc=dynamic|fixed)
 against the hand-written script (glibc's defaults, and the same fixed thresholds through glibc's
-environment variables), interleaved in one run, ResNet50 64x64 batch 16 on torch, 1 process x
-2 threads. Writes results.json and results.md.
+environment variables), interleaved in one run, batch 16, 1 process x 2 threads, at the overhead
+section's sizes (ResNet50 64x64 by default, ResNet18 32x32). Writes results.json and results.md.
 
-    python benchmarks/malloc.py [--pairs 8] [--backend torch] [--out benchmarks/results/malloc]
+    python benchmarks/malloc.py [--pairs 8] [--backend torch] [--model resnet50] [--out benchmarks/results/malloc]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from run import Bench, Size, machine, median_ci
+from run import OVERHEAD_SIZES, Bench, machine, median_ci
 
 from unitrain import malloc
 
@@ -27,14 +27,16 @@ RATIOS = (("unitrain dynamic", "native dynamic"), ("unitrain fixed", "native fix
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="ResNet18 at 16x16, few steps: checks the script, measures little")
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--backend", default="torch", choices=("paddle", "torch"))
+    parser.add_argument("--model", default="resnet50", choices=[s.model for s in OVERHEAD_SIZES[False]])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "malloc")
     args = parser.parse_args()
-    size = Size("resnet50", 64, 12, 2)
+    (size,) = OVERHEAD_SIZES[True] if args.quick else [s for s in OVERHEAD_SIZES[False] if s.model == args.model]
     steps = {name: [] for name in RUNS}
     with tempfile.TemporaryDirectory() as work:
-        bench = Bench(False, 1, Path(work), args.pairs, (args.backend,))
+        bench = Bench(args.quick, 1, Path(work), args.pairs, (args.backend,))
         for i in range(args.pairs):
             # Alternate the order, so that drift over the run falls on every variant alike.
             for name in RUNS if i % 2 == 0 else RUNS[::-1]:

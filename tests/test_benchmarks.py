@@ -63,3 +63,17 @@ def test_bn_variance_reproduces_paddles_held_out_result_and_times_the_correction
     (cost,) = json.loads((tmp_path / "cost" / "cost.json").read_text())["rows"]
     assert cost["model"] == "tiny 16x16 batch 8" and cost["wall_ratio"][1] <= cost["wall_ratio"][0] <= cost["wall_ratio"][2]
     assert "| tiny 16x16 batch 8 |" in (tmp_path / "cost" / "cost.md").read_text()
+
+
+@pytest.mark.slow
+def test_malloc_benchmark_runs_all_four_variants_and_writes_their_ratios(tmp_path):
+    script = HARNESS.parent / "malloc.py"
+    proc = subprocess.run([sys.executable, str(script), "--quick", "--pairs", "1", "--backend", "paddle", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["backend"] == "paddle" and results["model"] == "resnet18" and results["pairs"] == 1
+    assert set(results["step_ms"]) == {"unitrain dynamic", "native dynamic", "unitrain fixed", "native fixed"}
+    assert all(v > 0 for v in results["step_ms"].values())
+    assert [r["ratio"] for r in results["ratios"]][1] == "unitrain fixed / native fixed"
+    assert all(r["ci"][0] <= r["median"] <= r["ci"][1] for r in results["ratios"])
+    assert "| unitrain fixed / native fixed |" in (tmp_path / "results.md").read_text()
