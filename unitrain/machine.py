@@ -8,6 +8,7 @@ AVX-512 with VNNI and bf16.
 from __future__ import annotations
 
 import functools
+import os
 import platform
 from typing import Dict, List
 
@@ -37,3 +38,21 @@ def cpu() -> Dict[str, object]:
         return {"model": model, "vendor": None, "logical_cpus": None, "extensions": None}
     extensions: List[str] = [f for f in FLAGS if f in flags]
     return {"model": model, "vendor": vendor, "logical_cpus": count, "extensions": extensions}
+
+
+#: Variables that choose which kernels the math libraries run, and so the order of their sums:
+#: results that agree only to rounding (parity) differ with them, as with the CPU's extensions.
+KERNEL_ENV = ("MKL_DEBUG_CPU_TYPE", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+
+
+def kernel_env() -> Dict[str, str]:
+    """Those of :data:`KERNEL_ENV` set in this process."""
+    return {k: os.environ[k] for k in KERNEL_ENV if k in os.environ}
+
+
+def describe_cpu(c: Dict[str, object] | None = None, env: Dict[str, str] | None = None) -> str:
+    """One line: model, logical CPUs, extensions, and any kernel-choosing variables set (this
+    process's, or those recorded in a report)."""
+    c, env = c or cpu(), kernel_env() if env is None else env
+    line = f"{c['model']}, {c['logical_cpus']} logical CPUs, extensions: {', '.join(c['extensions'] or ()) or 'none known'}"
+    return line + (f"; {', '.join(f'{k}={v}' for k, v in env.items())}" if env else "")

@@ -25,6 +25,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from unitrain import machine
 from unitrain.backend import get_backend
 from unitrain.config import DataConfig, ModelConfig, OptimConfig, TrainerConfig, register_configs
 from unitrain.state import to_canonical
@@ -147,6 +148,10 @@ def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
         "batch_size": cfg.trainer.batch_size,
         "lr": cfg.optim.lr,
         "threads": threads,
+        # The kernels an instruction set selects sum in other orders: the differences below move
+        # with the CPU (README: 1.3e-5 to 3.8e-5 on one machine, by kernel path alone).
+        "cpu": machine.cpu(),
+        "kernel_env": machine.kernel_env(),
         "versions": {name: b.version() for name, b in backends.items()},
         "determinism": determinism,
         "tolerance": cfg.tolerance,
@@ -198,6 +203,7 @@ def format_table(report: Dict[str, Any]) -> str:
         + (f"first beyond {a['tolerance']:g} is {first['layer']} ({first['rel_diff']:.2e})" if first else f"all within {a['tolerance']:g}")
         + f"; largest {a['largest']['layer']} ({a['largest']['rel_diff']:.2e})"
     )
+    lines.append(f"CPU: {machine.describe_cpu(report['cpu'], report['kernel_env'])}")
     verdict = "within" if report["passed"] else "BEYOND"
     lines.append(
         f"max relative loss difference {report['max_rel_loss_diff']:.2e}, BatchNorm running statistics "
