@@ -63,6 +63,8 @@ class Size(NamedTuple):
 #: The overhead section's networks: the natives build their own, so no "tiny" there. ResNet50 at
 #: 64x64 is the product's model; 12 steps as in the issue that measured the gap (0.2 s a step).
 OVERHEAD_SIZES = {True: [Size("resnet18", 16, 6, 2)], False: [Size("resnet18", 32, 30, 5), Size("resnet50", 64, 12, 2)]}
+#: (processes, threads) on 2 cores, as --layouts spells them.
+LAYOUTS = ((1, 2), (2, 1))
 SCALING_BUCKETS = {True: (5,), False: (5, 100)}
 # Compilers spend the first steps tracing and compiling: more warm-up left out.
 TUNED_SIZES = {True: [Size("tiny", 16, 6, 3)], False: [Size("resnet18", 32, 30, 8), Size("resnet50", 64, 16, 6)]}
@@ -87,8 +89,11 @@ def median_ci(values: List[float], level: float = 0.95, resamples: int = 2000) -
 
 
 class Bench:
-    def __init__(self, quick: bool, repeats: int, work: Path, pairs: int, backends=BACKENDS, tuned_settings=None):
+    def __init__(self, quick: bool, repeats: int, work: Path, pairs: int, backends=BACKENDS, tuned_settings=None, layouts=LAYOUTS, models=None):
         self.work, self.repeats, self.pairs, self.backends = work, repeats, pairs, tuple(backends)
+        # The overhead section's (processes, threads) rows: one noisy row can get more pairs alone.
+        self.layouts = tuple(layouts)
+        self.overhead_sizes = [s for s in OVERHEAD_SIZES[quick] if models is None or s.model in models]
         # The tuned section's variants to measure (as backend.tuned_settings spells them); None: all.
         self.tuned_settings = tuned_settings
         self.size = Size("tiny", 16, 8, 2) if quick else Size("resnet18", 32, 30, 5)
@@ -172,9 +177,9 @@ class Bench:
 
     def overhead(self) -> List[Dict]:
         rows = []
-        for size in OVERHEAD_SIZES[self.quick]:
+        for size in self.overhead_sizes:
             for backend in self.backends:
-                for world, threads in ((1, 2), (2, 1)):
+                for world, threads in self.layouts:
                     pairs = [self._pair(backend, size, world, threads, native_first=i % 2 == 1) for i in range(self.pairs)]
                     ratio, low, high = median_ci([u["step_s"] / n["step_s"] for u, n in pairs])
                     cpu_ratio, cpu_low, cpu_high = median_ci([u["cpu_s"] / n["cpu_s"] for u, n in pairs])
@@ -441,6 +446,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sections", default=",".join(SECTIONS))
     parser.add_argument("--backends", default=",".join(BACKENDS), help="which frameworks to measure (default: both)")
     parser.add_argument("--tuned-settings", nargs="+", help="the tuned section measures only these variants, e.g. mkl_avx2 'compile,channels_last'")
+    parser.add_argument("--models", help="the overhead section measures only these models, e.g. resnet50 (default: all)")
+    parser.add_argument("--layouts", help="the overhead section measures only these processes x threads, e.g. 2x1 (default: 1x2,2x1)")
     parser.add_argument("--out", default=str(HERE / "results"))
     args = parser.parse_args(argv)
     backends = args.backends.split(",")
@@ -448,14 +455,19 @@ def main(argv=None) -> int:
     wrong = [b for b in backends if b not in BACKENDS] + [name for name in sections if name not in SECTIONS]
     known = sorted({v for variants in TUNED_VARIANTS.values() for _, v in variants})
     wrong += [v for v in args.tuned_settings or () if v not in known]
+    layout_names = {f"{p}x{t}": (p, t) for p, t in LAYOUTS}
+    models = sorted({s.model for s in OVERHEAD_SIZES[args.quick]})
+    layouts = args.layouts.split(",") if args.layouts else list(layout_names)
+    wrong += [v for v in layouts if v not in layout_names] + [m for m in (args.models.split(",") if args.models else ()) if m not in models]
     if wrong:
         parser.error(f"{', '.join(wrong)} is not allowed: --backends takes {', '.join(BACKENDS)}; --sections takes {', '.join(SECTIONS)}; "
-                     f"--tuned-settings takes {', '.join(known)}")
+                     f"--tuned-settings takes {', '.join(known)}; --layouts takes {', '.join(layout_names)}; --models takes {', '.join(models)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="unitrain-bench-"))
     args.pairs = args.pairs or (2 if args.quick else 10)
-    bench = Bench(args.quick, args.repeats, work, args.pairs, backends, args.tuned_settings)
+    bench = Bench(args.quick, args.repeats, work, args.pairs, backends, args.tuned_settings, [layout_names[v] for v in layouts],
+                  args.models.split(",") if args.models else None)
     results = {"machine": machine(), "config": {"model": bench.size.model, "image_size": bench.size.image, "batch_size": bench.batch,
                "steps": bench.size.steps, "warmup": bench.size.warmup, "repeats": args.repeats, "pairs": args.pairs, "quick": args.quick}}  # fmt: skip
     started = time.time()

@@ -77,3 +77,14 @@ def test_malloc_benchmark_runs_all_four_variants_and_writes_their_ratios(tmp_pat
     assert [r["ratio"] for r in results["ratios"]][1] == "unitrain fixed / native fixed"
     assert all(r["ci"][0] <= r["median"] <= r["ci"][1] for r in results["ratios"])
     assert "| unitrain fixed / native fixed |" in (tmp_path / "results.md").read_text()
+
+
+@pytest.mark.slow
+def test_overhead_rows_can_be_measured_alone_and_a_wrong_one_is_named(tmp_path):
+    args = [sys.executable, str(HARNESS), "--quick", "--sections", "overhead", "--backends", "torch", "--pairs", "1", "--out", str(tmp_path)]
+    proc = subprocess.run([*args, "--layouts", "2x1", "--models", "resnet18"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = json.loads((tmp_path / "results.json").read_text())["overhead"]
+    assert [(r["model"], r["backend"], r["processes"], r["threads"]) for r in rows] == [("resnet18", "torch", 2, 1)]
+    wrong = subprocess.run([*args, "--layouts", "3x1"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and "3x1 is not allowed" in wrong.stderr and "--layouts takes 1x2, 2x1" in wrong.stderr
