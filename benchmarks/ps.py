@@ -80,7 +80,7 @@ def table(results: dict, repeats: int) -> str:
         f"{repeats} repeats per row (trainer.seed 1..{repeats}, the same rows and initial weights for every row of a repeat), jobs "
         f"interleaved; {s['rows']:,} training rows, held-out rows evaluated by trainer 0 after all trainers finished; batch "
         f"{s['batch_size']} per trainer, SGD lr {s['lr']}. Threads: the cores split over the processes (1 process: 2 threads; "
-        f"3 processes: 1 each). CPU: {cpu['model']}, {cpu['logical_cpus']} logical CPUs, extensions: {', '.join(cpu['extensions'] or []) or 'none of note'}.",
+        f"3 processes: 1 each). CPU: {machine.describe_cpu(cpu, {})}.",
     ]  # fmt: skip
     return "\n".join(lines)
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from unitrain import artifacts
 from unitrain.errors import UnitrainError
-from unitrain.machine import cpu
+from unitrain.machine import cpu, describe_cpu
 
 RESULT = "inference.json"
 
@@ -323,10 +323,9 @@ def _what_ran(row: Dict[str, Any]) -> str:
 def markdown(result: Dict[str, Any]) -> str:
     from unitrain.compare import markdown as md_table
 
-    c = result["cpu"]
     return (
         md_table(table_rows(result))
-        + f"\n\nCPU: {c['model']}, {c['logical_cpus']} logical CPUs, extensions: {', '.join(c['extensions'] or []) or 'none of ' + 'AVX2/AVX-512/VNNI/AMX/bf16'}; "
+        + f"\n\nCPU: {describe_cpu(result['cpu'], {})}; "
         f"{result['threads']} thread(s) for every runtime. Timed: {result['timed']}; warm-up excluded; medians over "
         f"at least {result['min_iters']} runs. Held-out top-1 over {result['eval_samples']} samples."
     )

@@ -50,9 +50,8 @@ def kernel_env() -> Dict[str, str]:
     return {k: os.environ[k] for k in KERNEL_ENV if k in os.environ}
 
 
-def describe_cpu(c: Dict[str, object] | None = None, env: Dict[str, str] | None = None) -> str:
-    """One line: model, logical CPUs, extensions, and any kernel-choosing variables set (this
-    process's, or those recorded in a report)."""
-    c, env = c or cpu(), kernel_env() if env is None else env
-    line = f"{c['model']}, {c['logical_cpus']} logical CPUs, extensions: {', '.join(c['extensions'] or ()) or 'none known'}"
+def describe_cpu(c: Dict[str, object], env: Dict[str, str]) -> str:
+    """One line from a recorded :func:`cpu` and :func:`kernel_env`: model, logical CPUs,
+    extensions, and the kernel-choosing variables that were set."""
+    line = f"{c['model']}, {c['logical_cpus']} logical CPUs, extensions: {', '.join(c['extensions'] or ()) or 'none of AVX2/AVX-512/VNNI/AMX/bf16'}"
     return line + (f"; {', '.join(f'{k}={v}' for k, v in env.items())}" if env else "")
