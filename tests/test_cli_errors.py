@@ -15,7 +15,7 @@ from conftest import BACKENDS, FAST
     [
         (["backend=tensorflow"], "backend='tensorflow' is not allowed: one of paddle, torch"),
         (["-m", "backend=paddle,jax"], "backend='jax' is not allowed: one of paddle, torch"),
-        (["model=vgg"], "model='vgg' is not allowed: one of resnet18, resnet18_cifar, resnet50, tiny"),
+        (["model=vgg"], "model='vgg' is not allowed: one of resnet18, resnet18_cifar, resnet18_stride2, resnet50, tiny"),
         (["data=imagefolder"], "data.path=None is not allowed"),
         (["data=imagefolder", "data.path=/no/such/dir"], "data.path='/no/such/dir' is not allowed: an existing directory"),
         (["optim.lr=0"], "optim.lr=0.0 is not allowed: a finite number > 0"),

@@ -23,7 +23,7 @@ def test_required_groups_and_options_exist():
     options = group_options()
     assert options["backend"] == ["paddle", "torch"]
     assert options["amp"] == ["O0", "O1", "O2", "O3"]
-    assert set(options["model"]) >= {"resnet50", "resnet18", "resnet18_cifar", "tiny"}
+    assert set(options["model"]) >= {"resnet50", "resnet18", "resnet18_cifar", "resnet18_stride2", "tiny"}
     assert set(options["data"]) >= {"synthetic", "learnable", "imagefolder"}
     for group in ("optim", "trainer", "dist", "profiler", "experiment"):
         assert options[group], group

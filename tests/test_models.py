@@ -34,6 +34,17 @@ def test_cifar_stem_keeps_full_resolution_into_layer1(backend):
     assert (_size_into_layer1(b, cifar, 28), _size_into_layer1(b, imagenet, 28)) == (28, 7)
 
 
+@pytest.mark.parametrize("backend", ["paddle", "torch"])
+def test_stride2_stem_halves_the_resolution_into_layer1_once(backend):
+    """The recipe's model: the CIFAR stem's parameters (a 3x3 conv1), but stride 2 and no pool, so
+    a 28x28 image leaves 14x14 maps into layer1."""
+    b = unitrain.get_backend(backend)
+    model = b.build_model("resnet18_stride2", num_classes=10)
+    assert b.num_parameters(model) == 11_173_962
+    assert tuple(b.state_arrays(model)["conv1.weight"].shape[2:]) == (3, 3)
+    assert (_size_into_layer1(b, model, 28), _size_into_layer1(b, model, 32)) == (14, 16)
+
+
 def _size_into_layer1(b, model, image_size: int) -> int:
     images, _ = next(iter(b.make_loader(unitrain.SyntheticDataset(2, image_size=image_size, num_classes=10), [[0, 1]])))
     with b.capture_outputs(model) as outputs:
@@ -41,7 +52,7 @@ def _size_into_layer1(b, model, image_size: int) -> int:
     return dict(outputs)["maxpool"].shape[-1]
 
 
-@pytest.mark.parametrize("name", ["tiny", "resnet18", "resnet18_cifar", "resnet50"])
+@pytest.mark.parametrize("name", ["tiny", "resnet18", "resnet18_cifar", "resnet18_stride2", "resnet50"])
 def test_same_parameter_names_and_shapes_on_both_frameworks(name):
     paddle_model = unitrain.get_backend("paddle").build_model(name, num_classes=7)
     torch_model = unitrain.get_backend("torch").build_model(name, num_classes=7)
@@ -66,5 +77,5 @@ def test_forward_gives_logits_per_class(backend):
 
 
 def test_unknown_model_lists_the_available_ones():
-    with pytest.raises(unitrain.UnknownNameError, match="available: resnet18, resnet18_cifar, resnet50, tiny"):
+    with pytest.raises(unitrain.UnknownNameError, match="available: resnet18, resnet18_cifar, resnet18_stride2, resnet50, tiny"):
         unitrain.get_backend("torch").build_model("vgg16", num_classes=10)

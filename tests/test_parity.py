@@ -38,7 +38,7 @@ def test_layouts_and_names_are_mapped():
     assert "bn1._mean" in from_canonical("paddle", canonical)
 
 
-@pytest.mark.parametrize("name, size", [("resnet18", 32), ("resnet18_cifar", 28)])
+@pytest.mark.parametrize("name, size", [("resnet18", 32), ("resnet18_cifar", 28), ("resnet18_stride2", 28)])
 def test_converted_model_computes_the_same_outputs(name, size):
     torch_model = T.build_model(name, 10)
     with torch.no_grad():  # non-trivial running statistics, so eval mode tests their mapping

@@ -59,7 +59,7 @@ class Backend(ABC):
     def build_model(
         self, model: str | ResNetSpec, num_classes: int, device: str | None = None, zero_init_residual: bool = True, init: str = "framework", seed: int = 0
     ):
-        """A ResNet from the shared specs (``"tiny"``, ``"resnet18"``, ``"resnet18_cifar"``, ``"resnet50"``), on ``device``.
+        """A ResNet from the shared specs (``"tiny"``, ``"resnet18"``, ``"resnet18_cifar"``, ``"resnet18_stride2"``, ``"resnet50"``), on ``device``.
 
         ``init="shared"`` loads weights drawn in NumPy from ``seed``: the same on every framework.
         """
