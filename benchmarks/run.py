@@ -180,7 +180,12 @@ class Bench:
         for size in self.overhead_sizes:
             for backend in self.backends:
                 for world, threads in self.layouts:
-                    pairs = [self._pair(backend, size, world, threads, native_first=i % 2 == 1) for i in range(self.pairs)]
+                    pairs = []
+                    for i in range(self.pairs):
+                        pairs.append(self._pair(backend, size, world, threads, native_first=i % 2 == 1))
+                        # A row of many ResNet50 pairs runs for many minutes: show each pair as it ends.
+                        print(f"    {size.model} {backend} {world}x{threads} pair {i + 1}/{self.pairs}: unitrain "
+                              f"{1e3 * pairs[-1][0]['step_s']:.0f} ms, native {1e3 * pairs[-1][1]['step_s']:.0f} ms a step", flush=True)  # fmt: skip
                     ratio, low, high = median_ci([u["step_s"] / n["step_s"] for u, n in pairs])
                     cpu_ratio, cpu_low, cpu_high = median_ci([u["cpu_s"] / n["cpu_s"] for u, n in pairs])
                     rows.append({

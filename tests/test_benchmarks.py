@@ -86,5 +86,6 @@ def test_overhead_rows_can_be_measured_alone_and_a_wrong_one_is_named(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "results.json").read_text())["overhead"]
     assert [(r["model"], r["backend"], r["processes"], r["threads"]) for r in rows] == [("resnet18", "torch", 2, 1)]
+    assert "resnet18 torch 2x1 pair 1/1: unitrain" in proc.stdout  # a long row shows each pair as it ends
     wrong = subprocess.run([*args, "--layouts", "3x1"], capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "3x1 is not allowed" in wrong.stderr and "--layouts takes 1x2, 2x1" in wrong.stderr
