@@ -36,8 +36,8 @@ def test_cifar_stem_keeps_full_resolution_into_layer1(backend):
 
 @pytest.mark.parametrize("backend", ["paddle", "torch"])
 def test_stride2_stem_halves_the_resolution_into_layer1_once(backend):
-    """The recipe's model: the CIFAR stem's parameters (a 3x3 conv1), but stride 2 and no pool, so
-    a 28x28 image leaves 14x14 maps into layer1."""
+    """The stem tried for the Fashion-MNIST recipe: the CIFAR stem's parameters (a 3x3 conv1), but
+    stride 2 and no pool, so a 28x28 image leaves 14x14 maps into layer1."""
     b = unitrain.get_backend(backend)
     model = b.build_model("resnet18_stride2", num_classes=10)
     assert b.num_parameters(model) == 11_173_962
