@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from unitrain.machine import describe_cpu
+
 RESULT = "quantize.json"
 
 
@@ -105,7 +107,6 @@ def markdown(report: Dict[str, Any], rows: Optional[List[Dict[str, str]]] = None
     from unitrain.compare import markdown as md_table
 
     rows = table_markdown_rows(report) if rows is None else rows
-    c = report["cpu"]
     s = report["settings"]
     calibration = f"{s['calib_batch_size'] * s['calib_batches']} training images" if s["calib_batches"] else "none"
     if report["method"] == "qat":
@@ -120,7 +121,7 @@ def markdown(report: Dict[str, Any], rows: Optional[List[Dict[str, str]]] = None
         f"{report['source']['step']}; {how}; reduce_range (7-bit activations, where honoured): {s['reduce_range']}. Made by: "
         + "; ".join(f"{name}: {by}" for name, by in report.get("made_by", {}).items())
         + f". Held-out top-1 over {report['held_out']} samples; {report['threads']} thread(s) "
-        f"for every runtime. CPU: {c['model']}, extensions: {', '.join(c['extensions'] or []) or 'none of AVX2/AVX-512/VNNI/AMX/bf16'} "
+        f"for every runtime. CPU: {describe_cpu(report['cpu'], {})} "
         f"(int8 is fast with VNNI or AMX). `effective` is read from the kernels each runtime ran, not from the method."
     )
 
