@@ -58,6 +58,21 @@ def test_augmented_batches_are_identical_on_both_frameworks(workers):
     assert not np.array_equal(np.concatenate(batches["torch"][0]), np.concatenate(batches["torch"][1]))
 
 
+def test_flip_augmentation_mirrors_about_half_the_samples_and_never_crops():
+    base = LearnableDataset(200, image_size=12, num_classes=4, seed=5)
+    data = AugmentedDataset(base, seed=5, kind="flip")
+    mirrored = 0
+    for key in range(2 * len(base)):  # two epochs
+        image, label = data[key]
+        original, original_label = base[key % len(base)]
+        assert label == original_label
+        if not np.array_equal(image, original):
+            assert np.array_equal(image, original[:, :, ::-1])
+            mirrored += 1
+    assert 150 <= mirrored <= 250  # of 400: about half, and a pure function of the key
+    assert all(np.array_equal(data[k][0], data[k][0]) for k in range(10))
+
+
 def test_evaluation_is_logged_and_timed_apart(unitrain_cli):
     result = unitrain_cli(*FAST, "trainer.steps=6", "trainer.eval_every=3", "data.val_samples=50")
     assert result.returncode == 0, result.stderr[-2000:]

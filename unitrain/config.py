@@ -122,8 +122,9 @@ class DataConfig:
     # from the training samples (0: none).
     val_path: Optional[str] = None
     val_samples: int = 0
-    # Training-time augmentation, identical on both frameworks: none, or standard (random crop
-    # with 4 pixels of padding and horizontal flip, a pure function of seed, epoch and index).
+    # Training-time augmentation, identical on both frameworks: none, standard (random crop
+    # with 4 pixels of padding and horizontal flip) or flip (the flip alone); a pure function of
+    # seed, epoch and index.
     augment: str = "none"
     # imagefolder only: skip files that cannot be decoded (counted in summary.json) instead of
     # ending the run with one line naming the first such file.
