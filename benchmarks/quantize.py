@@ -3,7 +3,7 @@
     python benchmarks/quantize.py [--run-dir DIR] [--epochs 1] [--qat-steps 100] [--out benchmarks/results/quantize]
 
 Trains ResNet18 on Fashion-MNIST with torch (``experiment=fashion_mnist_resnet18`` with the ImageNet
-stem at 32x32, the model README's table was measured on, shortened to ``--epochs``) unless --run-dir names a run with a checkpoint, then quantizes that one checkpoint
+stem at 32x32 and the crop, the model README's table was measured on, shortened to ``--epochs``) unless --run-dir names a run with a checkpoint, then quantizes that one checkpoint
 with every method in both frameworks (its weights convert exactly, so both start from the same
 fp32 model and the same held-out accuracy): ``python -m unitrain.quantize -m <run>
 method=dynamic,static,qat backend=torch,paddle``. Every artifact is scored on the 10,000 test
@@ -39,6 +39,7 @@ def main() -> int:
         if not args.run_dir:
             subprocess.run(
                 [sys.executable, "-m", "unitrain", "backend=torch", "experiment=fashion_mnist_resnet18", "model=resnet18", "data.image_size=32",
+                 "data.augment=standard",
                  f"trainer.epochs={args.epochs}",
                  "trainer.eval_every=0", "trainer.checkpoint_every=468", f"trainer.threads={args.threads}", f"hydra.run.dir={run_dir}"],
                 check=True,

@@ -70,6 +70,16 @@ def test_seed_experiment_is_one_choice_away():
     assert (cfg.data.image_size, cfg.data.num_classes, cfg.trainer.batch_size, cfg.trainer.steps) == (224, 102, 32, 100)
 
 
+def test_fashion_mnist_recipe_is_the_one_readme_measured_and_the_first_is_three_overrides_away():
+    cfg = make("experiment=fashion_mnist_resnet18")
+    assert (cfg.model.name, cfg.data.name, cfg.data.image_size, cfg.data.augment, cfg.model.init) == ("resnet18_stride2", "fashion_mnist", 28, "flip", "shared")
+    assert (cfg.trainer.epochs, cfg.trainer.batch_size, cfg.trainer.steps) == (10, 128, None)
+    first = make("experiment=fashion_mnist_resnet18", "model=resnet18", "data.image_size=32", "data.augment=standard")
+    assert (first.model.name, first.data.image_size, first.data.augment, first.model.init) == ("resnet18", 32, "standard", "shared")
+    validate(cfg)
+    validate(first)
+
+
 def test_unknown_key_fails_at_compose():
     with pytest.raises((ConfigCompositionException, ConfigKeyError)):
         make("trainer.stepz=3")
