@@ -12,8 +12,6 @@ from typing import Iterator, List
 
 import numpy as np
 
-AUGMENTATIONS = ("none", "standard", "flip")
-
 
 def standard(image: np.ndarray, rng: np.random.Generator, pad: int = 4) -> np.ndarray:
     """Random crop of the image padded by ``pad`` pixels on each side, then a horizontal flip
@@ -37,14 +35,15 @@ def flip(image: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 
 
 _TRANSFORMS = {"standard": standard, "flip": flip}
+#: The names data.augment accepts: "none" leaves the dataset unwrapped.
+AUGMENTATIONS = ("none", *_TRANSFORMS)
 
 
 class AugmentedDataset:
     """``dataset`` with augmentation, indexed by ``epoch * len(dataset) + index``."""
 
     def __init__(self, dataset, seed: int, kind: str = "standard"):
-        self.dataset, self.seed, self.kind = dataset, seed, kind
-        self.transform = _TRANSFORMS[kind]
+        self.dataset, self.seed, self.transform = dataset, seed, _TRANSFORMS[kind]
         self.num_classes = getattr(dataset, "num_classes", None)
 
     def __len__(self) -> int:
