@@ -196,6 +196,11 @@ def test_resume_into_its_own_run_dir_keeps_the_history_and_cleans_partial_writes
     assert result.returncode == 0, result.stderr[-2000:]
     assert losses(result) == losses(full)  # steps 1-4 kept, 5-8 again, each once
     assert not leftover.exists()
+    # A resumed run is the same job: comparing it with the uninterrupted one draws no warning.
+    compare = subprocess.run([sys.executable, "-m", "unitrain.compare", str(full.run_dir), str(result.run_dir), "--out", str(tmp_path / "cmp")],
+                             capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    assert compare.returncode == 0, compare.stderr[-2000:]
+    assert "differ in" not in compare.stdout, compare.stdout
 
 
 def test_keep_checkpoints_keeps_the_newest(tmp_path):

@@ -28,6 +28,10 @@ import yaml
 # comparison themselves. Anything else (threads, data, image size, steps...) draws a warning,
 # unless a multirun swept it on purpose.
 COMPARED_KEYS = ("backend", "amp", "dist", "trainer.seed", "trainer.repeats", "profiler", "trainer.progress", "trainer.log_every")
+# Settings that change how a job was run, not what it computed: a resumed run repeats the
+# uninterrupted one step for step (tests/test_checkpoint.py), so where it resumed from is no
+# reason to doubt the comparison.
+SAME_JOB_KEYS = ("trainer.resume",)
 
 
 @dataclass
@@ -59,7 +63,7 @@ class Run:
 
 
 def _compared(key: str, swept) -> bool:
-    return any(key == a or key.startswith(a + ".") for a in (*COMPARED_KEYS, *swept))
+    return any(key == a or key.startswith(a + ".") for a in (*COMPARED_KEYS, *SAME_JOB_KEYS, *swept))
 
 
 def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
