@@ -61,8 +61,8 @@ bench: $(STAMP)
 # README's Fashion-MNIST accuracy: the recipe on both frameworks from the same initial weights,
 # then held-out accuracy and the time to 0.90 per framework, each framework at its best
 # (backend.tuned: on an AMD CPU, Paddle's MKL AVX2 kernels; torch applies nothing on a CPU).
-# Long on a CPU (2-core AVX2 EPYC: torch 1.7 hours for this recipe, measured; Paddle with MKL's
-# AVX2 kernels about 1.9x that, from its first 50 steps); a GPU takes minutes. Each run gets its own folder.
+# Long on a CPU (2-core AVX2 EPYC, measured: torch 1.7 hours for this recipe, Paddle with MKL's
+# AVX2 kernels 3.1 hours); a GPU takes minutes. Each run gets its own folder.
 recipe: $(STAMP) fashion-mnist
 	dir=multirun/recipe-$$(date +%Y%m%d-%H%M%S) && \
 	$(PY) -m unitrain -m experiment=fashion_mnist_resnet18 backend=torch,paddle backend.tuned=true hydra.sweep.dir=$$dir && \
