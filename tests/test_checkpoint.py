@@ -59,6 +59,11 @@ def test_resumed_run_equals_the_uninterrupted_one(finished, tmp_path):
     elapsed = [r["elapsed_s"] for r in resumed.metrics()]
     assert elapsed[:4] == [r["elapsed_s"] for r in full.metrics()][:4]
     assert all(later > earlier for earlier, later in zip(elapsed, elapsed[1:])), elapsed
+    # summary.json describes the whole run too, not only the steps since the resume: its
+    # throughput over the same steps as the uninterrupted run's, its wall time on that clock.
+    summary = resumed.summary()
+    assert summary["steps"] == 8 and summary["profiler"]["measured_steps"] == full.summary()["profiler"]["measured_steps"]
+    assert summary["wall_time_s"] >= elapsed[-1] > elapsed[3]
 
 
 def test_resumed_run_keeps_the_held_out_evaluations_and_their_clock(tmp_path):
@@ -129,6 +134,8 @@ def test_checkpoint_of_the_other_framework_resumes_with_converted_weights(finish
     # The converted weights carry on where the other framework stopped: the first resumed loss
     # is near the last trained ones, not back at an untrained model's ~ln(10).
     assert abs(losses(result)[8][1] - losses(full)[-1][1]) < 0.5 * np.log(10)
+    # Its throughput is its own framework's: the other framework's step times are not mixed in.
+    assert result.summary()["profiler"]["measured_steps"] == 2
 
 
 def test_converted_checkpoint_loads_in_plain_framework_code(finished, tmp_path):

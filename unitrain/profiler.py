@@ -36,9 +36,16 @@ class StepTime:
 
 
 class Profiler:
-    def __init__(self, warmup_steps: int = 2, enabled: bool = True):
+    def __init__(self, warmup_steps: int = 2, enabled: bool = True, history: Iterable[Dict[str, float]] = ()):
         self.warmup_steps, self.enabled = warmup_steps, enabled
-        self.steps: List[StepTime] = []
+        # A resumed run's summary covers every step it keeps, as its metrics.jsonl and clock do:
+        # the steps before the checkpoint come from their records, so its throughput is the whole
+        # run's (the figure unitrain.compare computes), not only the part since the resume.
+        self.steps: List[StepTime] = [
+            StepTime(r["reader_cost"], r["batch_cost"], round(r["ips"] * r["batch_cost"]), r.get("cpu_cost", 0.0))
+            for r in history
+            if enabled and "batch_cost" in r
+        ]
         self._reader_cost = 0.0
         self._last: float | None = None
         self._last_cpu = time.process_time()

@@ -66,6 +66,7 @@ class Job:
     num_classes: int
     start_step: int = 0
     history: List[Dict[str, Any]] = field(default_factory=list)
+    history_framework: str = ""  # who ran the history's steps: a checkpoint may be the other framework's
     evaluator: Optional[Evaluator] = None
     tuning: Tuning = field(default_factory=Tuning)
 
@@ -127,7 +128,7 @@ class Trainer:
         model = tuning.prepare_model(model)
         optimizer = backend.build_optimizer(model, cfg.optim)
         model, optimizer = precision.decorate(model, optimizer)
-        start_step, history = self._resume(model, optimizer, precision)
+        start_step, history, history_framework = self._resume(model, optimizer, precision)
         if start_step >= total_steps:
             # Before metrics.jsonl is opened: the finished run's results stay as they are.
             raise NothingLeftToRun(f"the checkpoint is at step {start_step} and this run has {total_steps} steps: nothing left to run; earlier results are unchanged")
@@ -141,7 +142,7 @@ class Trainer:
         loader = guard(backend.make_loader(dataset, sampler, cfg.data.num_workers, dist.device), dataset, backend)
         return Job(
             dist, precision, plan, dataset, sampler, loader, wrapped_model, wrapped_optimizer, model, optimizer,
-            steps_per_epoch, total_steps, num_classes, start_step, history, evaluator, tuning,
+            steps_per_epoch, total_steps, num_classes, start_step, history, history_framework, evaluator, tuning,
         )  # fmt: skip
 
     def train_mode(self, job: "Job") -> None:
@@ -182,7 +183,9 @@ class Trainer:
         cfg, backend = self.cfg, self.backend
         job = self.setup(dist)
         plan, precision, total_steps, steps_per_epoch = job.plan, job.precision, job.total_steps, job.steps_per_epoch
-        profiler = Profiler(cfg.profiler.warmup_steps, enabled=cfg.profiler.mode != "off")
+        # The history's step times join this run's throughput only if this framework ran them.
+        timed_history = job.history if job.history_framework == backend.name else ()
+        profiler = Profiler(cfg.profiler.warmup_steps, enabled=cfg.profiler.mode != "off", history=timed_history)
         tracer = backend.tracer(cfg.profiler, self.run_dir / f"trace.rank{dist.rank}.json") if cfg.profiler.mode == "trace" else Tracer()
         main = dist.is_main_process
         metrics = MetricsLog(
@@ -243,7 +246,7 @@ class Trainer:
             trace_file = tracer.stop()
             progress.close()
             metrics.close()
-        wall = time.perf_counter() - started
+        wall = before + time.perf_counter() - started  # the whole run's, on the clock elapsed_s keeps
         trace = self._trace_summary(tracer, trace_file, dist.rank)
 
         summary = self._summary(dist, precision, plan, metrics, profiler, wall, job.num_classes, len(job.dataset))
@@ -298,20 +301,20 @@ class Trainer:
     def _config(self) -> Dict[str, Any]:
         return OmegaConf.to_container(self.cfg, resolve=True) if OmegaConf.is_config(self.cfg) else dataclasses.asdict(self.cfg)
 
-    def _resume(self, model, optimizer, precision) -> Tuple[int, List[Dict[str, Any]]]:
+    def _resume(self, model, optimizer, precision) -> Tuple[int, List[Dict[str, Any]], str]:
         """Restore ``trainer.resume``'s state into the unwrapped model: the step to continue
-        after, and the metrics history up to it (from the run that wrote the checkpoint), so that
-        a resumed run's metrics.jsonl holds every step once."""
+        after, the metrics history up to it (from the run that wrote the checkpoint), so that
+        a resumed run's metrics.jsonl holds every step once, and the framework that wrote it."""
         spec = self.cfg.trainer.resume
         if not spec:
-            return 0, []
+            return 0, [], ""
         roots = [Path.cwd() / "runs", Path.cwd() / "multirun"]
         fits = {"framework": self.backend.name, "model": self.cfg.model.name}
         path = find_checkpoint(spec, roots, exclude=self.run_dir, fits=fits)
         meta = load_checkpoint(path, self.backend, self.cfg.model.name, model, optimizer, precision)
         step = int(meta["step"])
         log.info("resumed from %s: continuing after step %d", path, step)
-        return step, metrics_history(checkpoint_run_dir(path), step)
+        return step, metrics_history(checkpoint_run_dir(path), step), meta["framework"]
 
     def _trace_summary(self, tracer: Tracer, trace_file, rank: int) -> Dict[str, Any] | None:
         """The trace file and its top operators by self time (also as top_ops.rank<r>.md)."""
