@@ -58,6 +58,9 @@ def test_resumed_run_equals_the_uninterrupted_one(finished, tmp_path):
     # The clock continues from the checkpoint's, so time to a target counts steps 1-4 too.
     elapsed = [r["elapsed_s"] for r in resumed.metrics()]
     assert elapsed[:4] == [r["elapsed_s"] for r in full.metrics()][:4]
+    # One framework ran every step: nothing is marked as another's.
+    assert resumed.summary()["steps_by_framework"] == {backend: 8}
+    assert not any("framework" in r for r in resumed.metrics())
     assert all(later > earlier for earlier, later in zip(elapsed, elapsed[1:])), elapsed
     # summary.json describes the whole run too, not only the steps since the resume: its
     # throughput over the same steps as the uninterrupted run's, its wall time on that clock.
@@ -136,6 +139,15 @@ def test_checkpoint_of_the_other_framework_resumes_with_converted_weights(finish
     assert abs(losses(result)[8][1] - losses(full)[-1][1]) < 0.5 * np.log(10)
     # Its throughput is its own framework's: the other framework's step times are not mixed in.
     assert result.summary()["profiler"]["measured_steps"] == 2
+    # metrics.jsonl says whose each step was, and so do the summary and the comparison.
+    assert [r.get("framework") for r in result.metrics()] == [backend] * 8 + [None] * 2
+    assert result.summary()["steps_by_framework"] == {backend: 8, other: 2}
+    from unitrain.compare import fairness_warnings, load_runs, throughput
+
+    runs = load_runs([result.run_dir])
+    assert throughput(runs)["over"] == "2 steps"
+    [warning] = fairness_warnings(runs)
+    assert f"continued a {backend} run: steps 1-8" in warning and "time to target and curves mix two frameworks" in warning
 
 
 def test_converted_checkpoint_loads_in_plain_framework_code(finished, tmp_path):
@@ -247,3 +259,15 @@ def test_convert_errors_are_one_line(finished, tmp_path):
         proc = subprocess.run([sys.executable, "-m", "unitrain.convert", *args], capture_output=True, text=True, cwd=tmp_path)
         assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
+
+
+def test_a_chain_of_resumes_across_frameworks_keeps_whose_each_step_was():
+    from unitrain.metrics import label_history, steps_by_framework
+
+    torch_run = [{"step": s, "loss": 1.0} for s in (1, 2)]  # as torch wrote it: its own steps, unmarked
+    on_paddle = label_history(torch_run, "torch", "paddle") + [{"step": 3, "loss": 1.0}]
+    assert [r.get("framework") for r in on_paddle] == ["torch", "torch", None]
+    back_on_torch = label_history(on_paddle, "paddle", "torch") + [{"step": 4, "loss": 1.0}]
+    assert [r.get("framework") for r in back_on_torch] == [None, None, "paddle", None]
+    assert steps_by_framework(back_on_torch, "torch") == {"torch": 3, "paddle": 1}
+    assert torch_run[0] == {"step": 1, "loss": 1.0}  # the history read from disk is not changed in place

@@ -50,6 +50,12 @@ class Run:
         return f"{s['backend']}{tuned} {s['precision']['requested']}" + (f" x{s['world_size']}" if s["world_size"] > 1 else "")
 
     @property
+    def own_steps(self) -> List[Dict[str, float]]:
+        """The steps this run's framework ran (a run resumed from the other framework's
+        checkpoint keeps that framework's steps, marked, in its metrics)."""
+        return [r for r in self.metrics if "framework" not in r] or self.metrics
+
+    @property
     def config_hash(self) -> str:
         """A hash of everything but the compared axes: equal hashes, equal jobs apart from those."""
         fair = {k: v for k, v in flatten(self.config).items() if not _compared(k, ())}
@@ -178,8 +184,9 @@ def group_repeats(runs: List[Run]) -> List[List[Run]]:
 
 
 def _step_ips(run: Run) -> List[float]:
+    own = run.own_steps
     warmup = run.summary["profiler"].get("warmup_steps", 0) if run.summary.get("profiler") else 0
-    return [r["ips"] for r in run.metrics[warmup:]] or [r["ips"] for r in run.metrics]
+    return [r["ips"] for r in own[warmup:]] or [r["ips"] for r in own]
 
 
 def throughput(group: List[Run]) -> Dict[str, float]:
@@ -228,10 +235,27 @@ def _held_out(group: List[Run], key: str, fmt: str) -> str:
     return format(statistics.fmean(values), fmt) if values else "n/a"
 
 
+def mixed_framework_warnings(runs: List[Run]) -> List[str]:
+    """Runs resumed from the other framework's checkpoint: their steps up to it, the clock
+    and the curves are the other framework's, which a time to target would silently count."""
+    warnings = []
+    for run in runs:
+        others = {}
+        for record in run.metrics:
+            if "framework" in record:
+                others.setdefault(record["framework"], []).append(record["step"])
+        for framework, steps in others.items():
+            warnings.append(
+                f"{run.label} ({run.dir.name}) continued a {framework} run: steps {min(steps)}-{max(steps)}, their time and held-out "
+                f"results are {framework}'s, so its time to target and curves mix two frameworks; its samples/s counts its own steps only"
+            )
+    return warnings
+
+
 def fairness_warnings(runs: List[Run]) -> List[str]:
-    """What differs between runs beyond the axes being compared."""
+    """What differs between runs beyond the axes being compared, and runs that mix frameworks."""
     if len(runs) < 2:
-        return []
+        return mixed_framework_warnings(runs)
     swept = {k for r in runs for k in r.swept}
     allowed = lambda key: _compared(key, swept)  # noqa: E731
     flat = [flatten(r.config) for r in runs]
@@ -251,7 +275,7 @@ def fairness_warnings(runs: List[Run]) -> List[str]:
             f"paddle ran {generic[0]}: its MKL chooses by CPU vendor and leaves a CPU that is not Intel's on them, so Paddle's "
             "convolutions and matmuls ran below this CPU's speed; backend.tuned=true runs MKL's AVX2 kernels (README: Paddle's MKL on AMD CPUs)"
         )
-    return warnings
+    return warnings + mixed_framework_warnings(runs)
 
 
 def table_rows(
@@ -376,8 +400,8 @@ def plot(groups: List[List[Run]], out: Path) -> List[Path]:
     files.append(_save(fig, out / "throughput.png"))
 
     fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(groups)), 4))
-    reader = [statistics.median(r["reader_cost"] for r in g[0].metrics) * 1e3 for g in groups]
-    compute = [statistics.median(r["batch_cost"] - r["reader_cost"] for r in g[0].metrics) * 1e3 for g in groups]
+    reader = [statistics.median(r["reader_cost"] for r in g[0].own_steps) * 1e3 for g in groups]
+    compute = [statistics.median(r["batch_cost"] - r["reader_cost"] for r in g[0].own_steps) * 1e3 for g in groups]
     ax.bar(labels, compute, label="compute", color="tab:orange")
     ax.bar(labels, reader, bottom=compute, label="waiting for data", color="tab:gray")
     ax.set(title="step time breakdown (median)", ylabel="ms per step")

@@ -96,6 +96,29 @@ def metrics_history(run_dir: Path, up_to_step: int) -> List[Dict[str, Any]]:
     return records
 
 
+def label_history(history: Sequence[Dict[str, Any]], ran_on: str, framework: str) -> List[Dict[str, Any]]:
+    """``history`` as a run on ``framework`` keeps it: each record another framework ran carries
+    that framework's name under ``"framework"``, so that a resume across frameworks leaves no
+    doubt whose step times and clock a record holds; a record without it ran on the run's own
+    framework. ``ran_on``: the framework of the run that wrote the history, for its own records."""
+    labelled = []
+    for record in history:
+        record = dict(record)
+        who = record.pop("framework", ran_on)
+        labelled.append(record if who == framework else {**record, "framework": who})
+    return labelled
+
+
+def steps_by_framework(records: Sequence[Dict[str, Any]], framework: str) -> Dict[str, int]:
+    """How many training steps of ``records`` each framework ran (``label_history``'s marks)."""
+    counts: Dict[str, int] = {}
+    for record in records:
+        if "loss" in record:
+            who = record.get("framework", framework)
+            counts[who] = counts.get(who, 0) + 1
+    return counts
+
+
 class NonFiniteLossError(UnitrainError):
     """The loss became NaN or infinite: the parameters are no longer usable."""
 

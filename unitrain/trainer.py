@@ -27,7 +27,7 @@ from unitrain.data import build_dataset, build_heldout_dataset, guard, skipped_f
 from unitrain.evaluation import Evaluator
 from unitrain.errors import ConfigError, NothingLeftToRun
 from unitrain.loggers import make_sinks
-from unitrain.metrics import MetricsLog, NonFiniteWatch, metrics_history, topk_accuracy
+from unitrain.metrics import MetricsLog, NonFiniteWatch, label_history, metrics_history, steps_by_framework, topk_accuracy
 from unitrain.profiler import Profiler, Tracer
 from unitrain.progress import StepProgress
 from unitrain.tracing import load_events, operators_markdown, top_operators
@@ -65,8 +65,7 @@ class Job:
     total_steps: int
     num_classes: int
     start_step: int = 0
-    history: List[Dict[str, Any]] = field(default_factory=list)
-    history_framework: str = ""  # who ran the history's steps: a checkpoint may be the other framework's
+    history: List[Dict[str, Any]] = field(default_factory=list)  # another framework's records say so (label_history)
     evaluator: Optional[Evaluator] = None
     tuning: Tuning = field(default_factory=Tuning)
 
@@ -128,7 +127,7 @@ class Trainer:
         model = tuning.prepare_model(model)
         optimizer = backend.build_optimizer(model, cfg.optim)
         model, optimizer = precision.decorate(model, optimizer)
-        start_step, history, history_framework = self._resume(model, optimizer, precision)
+        start_step, history = self._resume(model, optimizer, precision)
         if start_step >= total_steps:
             # Before metrics.jsonl is opened: the finished run's results stay as they are.
             raise NothingLeftToRun(f"the checkpoint is at step {start_step} and this run has {total_steps} steps: nothing left to run; earlier results are unchanged")
@@ -142,7 +141,7 @@ class Trainer:
         loader = guard(backend.make_loader(dataset, sampler, cfg.data.num_workers, dist.device), dataset, backend)
         return Job(
             dist, precision, plan, dataset, sampler, loader, wrapped_model, wrapped_optimizer, model, optimizer,
-            steps_per_epoch, total_steps, num_classes, start_step, history, history_framework, evaluator, tuning,
+            steps_per_epoch, total_steps, num_classes, start_step, history, evaluator, tuning,
         )  # fmt: skip
 
     def train_mode(self, job: "Job") -> None:
@@ -184,7 +183,7 @@ class Trainer:
         job = self.setup(dist)
         plan, precision, total_steps, steps_per_epoch = job.plan, job.precision, job.total_steps, job.steps_per_epoch
         # The history's step times join this run's throughput only if this framework ran them.
-        timed_history = job.history if job.history_framework == backend.name else ()
+        timed_history = [r for r in job.history if "framework" not in r]
         profiler = Profiler(cfg.profiler.warmup_steps, enabled=cfg.profiler.mode != "off", history=timed_history)
         tracer = backend.tracer(cfg.profiler, self.run_dir / f"trace.rank{dist.rank}.json") if cfg.profiler.mode == "trace" else Tracer()
         main = dist.is_main_process
@@ -260,6 +259,9 @@ class Trainer:
             data_skipped_files=self._skipped(job),
             eval=self._eval_summary(evaluations),
             tuning=job.tuning.describe(),
+            # Which framework ran which steps: a run resumed from the other framework's
+            # checkpoint holds its steps, clock and evaluations up to the checkpoint.
+            steps_by_framework=steps_by_framework(metrics.records, backend.name),
         )
         if dist.is_main_process:
             log.info("\n%s", profiler.format_summary())
@@ -301,20 +303,21 @@ class Trainer:
     def _config(self) -> Dict[str, Any]:
         return OmegaConf.to_container(self.cfg, resolve=True) if OmegaConf.is_config(self.cfg) else dataclasses.asdict(self.cfg)
 
-    def _resume(self, model, optimizer, precision) -> Tuple[int, List[Dict[str, Any]], str]:
+    def _resume(self, model, optimizer, precision) -> Tuple[int, List[Dict[str, Any]]]:
         """Restore ``trainer.resume``'s state into the unwrapped model: the step to continue
-        after, the metrics history up to it (from the run that wrote the checkpoint), so that
-        a resumed run's metrics.jsonl holds every step once, and the framework that wrote it."""
+        after, and the metrics history up to it (from the run that wrote the checkpoint, its
+        records marked with the framework that ran them where that is not this one), so that a
+        resumed run's metrics.jsonl holds every step once."""
         spec = self.cfg.trainer.resume
         if not spec:
-            return 0, [], ""
+            return 0, []
         roots = [Path.cwd() / "runs", Path.cwd() / "multirun"]
         fits = {"framework": self.backend.name, "model": self.cfg.model.name}
         path = find_checkpoint(spec, roots, exclude=self.run_dir, fits=fits)
         meta = load_checkpoint(path, self.backend, self.cfg.model.name, model, optimizer, precision)
         step = int(meta["step"])
         log.info("resumed from %s: continuing after step %d", path, step)
-        return step, metrics_history(checkpoint_run_dir(path), step), meta["framework"]
+        return step, label_history(metrics_history(checkpoint_run_dir(path), step), meta["framework"], self.backend.name)
 
     def _trace_summary(self, tracer: Tracer, trace_file, rank: int) -> Dict[str, Any] | None:
         """The trace file and its top operators by self time (also as top_ops.rank<r>.md)."""
