@@ -28,6 +28,9 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path):
         assert {(backend, "default"), (backend, "no all-reduce (2 independent jobs)"), (backend, "bucket_cap_mb=5")} <= variants
     assert ("torch", "grad_compression=fp16") in variants
     assert all(r["buckets"] for r in results["scaling"] if r["variant"] == "bucket_cap_mb=5")
+    # backend.tuned=true gets a scaling row only where it applies something: never torch on a CPU.
+    tuned_scaling = [r for r in results["scaling"] if r["variant"].startswith("backend.tuned=true")]
+    assert all(r["backend"] == "paddle" and "MKL" in r["variant"] and r["ips_1x1"] > 0 for r in tuned_scaling), tuned_scaling
     assert [r["grad_compression"] for r in results["compression"]] == ["none", "fp16"]
     assert all(0 <= r["val_top1"] <= 1 for r in results["compression"])
     tuned = {(r["backend"], r["variant"]): r["applied"] for r in results["tuned"]}
