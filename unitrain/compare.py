@@ -24,6 +24,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
+from unitrain.metrics import own_records
+
 # What may differ between compared runs without making the comparison unfair: the axes of
 # comparison themselves. Anything else (threads, data, image size, steps...) draws a warning,
 # unless a multirun swept it on purpose.
@@ -53,7 +55,7 @@ class Run:
     def own_steps(self) -> List[Dict[str, float]]:
         """The steps this run's framework ran (a run resumed from the other framework's
         checkpoint keeps that framework's steps, marked, in its metrics)."""
-        return [r for r in self.metrics if "framework" not in r] or self.metrics
+        return own_records(self.metrics) or self.metrics
 
     @property
     def config_hash(self) -> str:

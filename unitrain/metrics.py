@@ -109,6 +109,11 @@ def label_history(history: Sequence[Dict[str, Any]], ran_on: str, framework: str
     return labelled
 
 
+def own_records(records: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The records the run's own framework ran (``label_history`` marks the others)."""
+    return [r for r in records if "framework" not in r]
+
+
 def steps_by_framework(records: Sequence[Dict[str, Any]], framework: str) -> Dict[str, int]:
     """How many training steps of ``records`` each framework ran (``label_history``'s marks)."""
     counts: Dict[str, int] = {}

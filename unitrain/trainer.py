@@ -27,7 +27,7 @@ from unitrain.data import build_dataset, build_heldout_dataset, guard, skipped_f
 from unitrain.evaluation import Evaluator
 from unitrain.errors import ConfigError, NothingLeftToRun
 from unitrain.loggers import make_sinks
-from unitrain.metrics import MetricsLog, NonFiniteWatch, label_history, metrics_history, steps_by_framework, topk_accuracy
+from unitrain.metrics import MetricsLog, NonFiniteWatch, label_history, metrics_history, own_records, steps_by_framework, topk_accuracy
 from unitrain.profiler import Profiler, Tracer
 from unitrain.progress import StepProgress
 from unitrain.tracing import load_events, operators_markdown, top_operators
@@ -183,7 +183,7 @@ class Trainer:
         job = self.setup(dist)
         plan, precision, total_steps, steps_per_epoch = job.plan, job.precision, job.total_steps, job.steps_per_epoch
         # The history's step times join this run's throughput only if this framework ran them.
-        timed_history = [r for r in job.history if "framework" not in r]
+        timed_history = own_records(job.history)
         profiler = Profiler(cfg.profiler.warmup_steps, enabled=cfg.profiler.mode != "off", history=timed_history)
         tracer = backend.tracer(cfg.profiler, self.run_dir / f"trace.rank{dist.rank}.json") if cfg.profiler.mode == "trace" else Tracer()
         main = dist.is_main_process
