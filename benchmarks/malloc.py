@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
-from run import OVERHEAD_SIZES, Bench, machine, median_ci
+from run import OVERHEAD_SIZES, Bench, Stopped, machine, median_ci, stop_on_termination
 
 from unitrain import malloc
 
@@ -23,6 +25,19 @@ FIXED_ENV = {"MALLOC_MMAP_THRESHOLD_": str(malloc.MMAP_THRESHOLD), "MALLOC_TRIM_
 RUNS = ("unitrain dynamic", "native dynamic", "unitrain fixed", "native fixed")
 RATIOS = (("unitrain dynamic", "native dynamic"), ("unitrain fixed", "native fixed"), ("unitrain fixed", "native dynamic"),
           ("unitrain fixed", "unitrain dynamic"), ("native fixed", "native dynamic"))  # fmt: skip
+
+
+def measure(args, bench: Bench, size, steps) -> None:
+    for i in range(args.pairs):
+        # Alternate the order, so that drift over the run falls on every variant alike.
+        for name in RUNS if i % 2 == 0 else RUNS[::-1]:
+            who, mode = name.split()
+            if who == "unitrain":
+                result = bench.unitrain(args.backend, f"trainer.malloc={mode}", size=size)
+            else:
+                result = bench.native(args.backend, size, env=FIXED_ENV if mode == "fixed" else None)
+            steps[name].append(result["step_s"])
+        print(f"pair {i + 1}/{args.pairs}: " + ", ".join(f"{n} {1e3 * v[-1]:.0f} ms" for n, v in steps.items()), flush=True)
 
 
 def main() -> None:
@@ -35,18 +50,15 @@ def main() -> None:
     args = parser.parse_args()
     (size,) = OVERHEAD_SIZES[True] if args.quick else [s for s in OVERHEAD_SIZES[False] if s.model == args.model]
     steps = {name: [] for name in RUNS}
-    with tempfile.TemporaryDirectory() as work:
-        bench = Bench(args.quick, 1, Path(work), args.pairs, (args.backend,))
-        for i in range(args.pairs):
-            # Alternate the order, so that drift over the run falls on every variant alike.
-            for name in RUNS if i % 2 == 0 else RUNS[::-1]:
-                who, mode = name.split()
-                if who == "unitrain":
-                    result = bench.unitrain(args.backend, f"trainer.malloc={mode}", size=size)
-                else:
-                    result = bench.native(args.backend, size, env=FIXED_ENV if mode == "fixed" else None)
-                steps[name].append(result["step_s"])
-            print(f"pair {i + 1}/{args.pairs}: " + ", ".join(f"{n} {1e3 * v[-1]:.0f} ms" for n, v in steps.items()), flush=True)
+    stop_on_termination()
+    try:
+        with tempfile.TemporaryDirectory() as work, Bench(args.quick, 1, Path(work), args.pairs, (args.backend,)) as bench:
+            measure(args, bench, size, steps)
+    except (KeyboardInterrupt, Stopped) as e:
+        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+        print(f"malloc.py: stopped by {signal.Signals(signum).name}: its runs are ended; nothing was written", file=sys.stderr)
+        sys.exit(128 + signum)
+
     rows = []
     for num, den in RATIOS:
         ratio, low, high = median_ci([a / b for a, b in zip(steps[num], steps[den])])

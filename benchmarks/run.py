@@ -26,6 +26,12 @@ Sections (each a table in results.md, all numbers in results.json):
 Runs of a pair alternate, and which goes first alternates from pair to pair, so that drift hits
 both alike; every figure is a median over repeats with its spread. Timings are never asserted
 by the test suite; it only checks that --quick runs and writes its files.
+
+Nothing measured is lost: each section is written (results.json, results.md, results.png) as it
+ends; a run of some sections or backends keeps the rows --out already held for the others, each
+row stamped with the run that measured it; a section whose command fails is logged in
+failed_<section>.log and the others go on (exit status 1); Ctrl-C or SIGTERM ends every command
+started and keeps the finished sections. --report-only draws results.md and results.png again.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -101,6 +108,8 @@ class Bench:
         self.batch = 16
         self.quick = quick
         self.runs = 0
+        # Every command still running, so that an interrupted benchmark leaves none behind.
+        self.live: Dict[int, subprocess.Popen] = {}
 
     # --- one measurement -----------------------------------------------------------------------
     def _dir(self, name: str) -> Path:
@@ -108,6 +117,51 @@ class Bench:
         d = self.work / f"{self.runs:03d}_{name}"
         d.mkdir(parents=True)
         return d
+
+    def _spawn(self, cmd: List[str], **kw) -> subprocess.Popen:
+        """Start a command in a process group of its own (its launcher's workers with it), which
+        stop() ends as a whole; Ctrl-C at the terminal then reaches only this harness."""
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw)
+        self.live[proc.pid] = proc
+        return proc
+
+    def _finish(self, proc: subprocess.Popen, what: str) -> str:
+        """Wait for a command; its stdout, or RuntimeError with the end of its stderr."""
+        out, err = proc.communicate()
+        self.live.pop(proc.pid, None)
+        if proc.returncode != 0:
+            last = next((line.strip() for line in reversed(err.splitlines()) if line.strip()), "no error output")
+            raise RuntimeError(f"{what} failed (exit status {proc.returncode}): {last}\n{err[-3000:]}")
+        return out
+
+    def _run(self, cmd: List[str], what: str, **kw) -> str:
+        return self._finish(self._spawn(cmd, **kw), what)
+
+    def __enter__(self) -> "Bench":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """End every command still running: SIGTERM to its group (unitrain then stops its own
+        workers and says so), SIGKILL to what is left after ``grace_s``."""
+        for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+            for proc in self.live.values():
+                try:
+                    os.killpg(proc.pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + wait_s
+            for proc in list(self.live.values()):
+                try:
+                    proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    continue
+            # A launcher's workers can outlive it in its group: the group, not the leader, decides.
+            self.live = {pid: p for pid, p in self.live.items() if _group_alive(pid)}
+            if not self.live:
+                return
 
     @staticmethod
     def _median_step(times: List[float], size: Size) -> float:
@@ -123,15 +177,12 @@ class Bench:
                   f"trainer.batch_size={self.batch}", f"trainer.threads={threads}", f"dist.nproc_per_node={world}",
                   "trainer.progress=false", f"profiler.warmup_steps={size.warmup}", "optim.lr=0.02"]  # fmt: skip
         launched = time.time()
-        proc = subprocess.Popen([sys.executable, "-m", "unitrain", *common, *overrides, f"hydra.run.dir={d}"],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        proc = self._spawn([sys.executable, "-m", "unitrain", *common, *overrides, f"hydra.run.dir={d}"])
         return proc, d, launched, size, (backend, overrides)
 
     def _result(self, started) -> Dict[str, float]:
         proc, d, launched, size, what = started
-        _, stderr = proc.communicate()
-        if proc.returncode != 0:
-            raise RuntimeError(f"unitrain {what} failed:\n{stderr[-3000:]}")
+        self._finish(proc, f"unitrain {what}")
         summary = json.loads((d / "summary.json").read_text())
         records = [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()]
         records = [r for r in records if "batch_cost" in r]
@@ -159,9 +210,7 @@ class Bench:
             cmd = [sys.executable, *LAUNCHERS[backend], "--nproc_per_node", str(world), *logs, str(script), *args]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **(env or {})}
         launched = time.time()
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=d)
-        if proc.returncode != 0:
-            raise RuntimeError(f"native {backend} x{world} failed:\n{proc.stderr[-3000:]}")
+        self._run(cmd, f"native {backend} x{world}", env=env, cwd=d)
         result = json.loads((d / "result.json").read_text())
         step = self._median_step(result["step_times"], size)
         return {"step_s": step, "cpu_s": self._median_step(result["cpu_times"], size), "startup_s": result["loop_started_at"] - launched,
@@ -212,9 +261,7 @@ class Bench:
                 steps = max(size.steps - size.warmup, 4)
                 cmd = [sys.executable, str(HERE / "loop_overhead.py"), "--backend", backend, "--model", size.model,
                        "--image-size", str(size.image), "--steps", str(steps), "--out", str(out)]  # fmt: skip
-                proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"})
-                if proc.returncode != 0:
-                    raise RuntimeError(f"loop_overhead {backend} failed:\n{proc.stderr[-3000:]}")
+                self._run(cmd, f"loop_overhead {backend}", env={**os.environ, "OMP_NUM_THREADS": "2", "MKL_NUM_THREADS": "2"})
                 t = json.loads(out.read_text())
                 pairs = list(zip(t["unitrain"], t["by_hand"]))
                 ratio, low, high = median_ci([u[0] / h[0] for u, h in pairs])
@@ -345,9 +392,7 @@ class Bench:
             out = self._dir(f"maxbatch_{backend}")
             cmd = [sys.executable, "-m", "unitrain.maxbatch", "--memory-limit", limit, "--start", str(start), "--resolution", str(resolution),
                    "--max", str(largest), "--out", str(out / "search"), f"backend={backend}", f"model={model}", f"data.image_size={image}", "trainer.threads=2"]  # fmt: skip
-            proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out)
-            if proc.returncode != 0:
-                raise RuntimeError(f"maxbatch {backend} failed:\n{proc.stderr[-3000:]}")
+            self._run(cmd, f"maxbatch {backend}", cwd=out)
             result = json.loads((out / "search" / "maxbatch.json").read_text())
             fitted = [t for t in result["trials"] if t["fits"]]
             rows.append({"backend": backend, "model": model, "image_size": image, "memory_limit_mb": result["memory_limit_mb"],
@@ -369,6 +414,16 @@ class Bench:
         return rows
 
 
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
 def machine() -> Dict[str, str]:
     info = cpu_info()
     versions = {}
@@ -384,6 +439,9 @@ def machine() -> Dict[str, str]:
 
 def markdown(results: Dict) -> str:
     def table(rows, cols):
+        # Rows kept from an earlier run of the harness say when (and, if elsewhere, where) they ran.
+        if any(r.get("measured_at") != results.get("started") for r in rows):
+            cols = [*cols, ("measured", lambda r: provenance(results, r))]
         lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
         lines += ["| " + " | ".join(fmt(r) for _, fmt in cols) + " |" for r in rows]
         return "\n".join(lines)
@@ -457,6 +515,94 @@ def markdown(results: Dict) -> str:
     return "\n".join(out) + "\n"
 
 
+#: What makes two rows of a section the same measurement: a later run's row replaces an earlier
+#: one with the same key, and leaves the others (a run of --backends torch keeps Paddle's rows).
+ROW_KEYS = {
+    "overhead": ("model", "image_size", "backend", "processes", "threads"), "loop": ("model", "image_size", "backend"),
+    "data": ("backend", "data", "workers"), "scaling": ("backend", "variant"), "compression": ("backend", "data", "grad_compression"),
+    "tuned": ("model", "image_size", "backend", "variant"), "maxbatch": ("backend", "model", "image_size"), "amp": ("backend", "amp"),
+}  # fmt: skip
+
+
+class Stopped(Exception):
+    """SIGTERM or SIGHUP: ends the benchmark the way Ctrl-C does."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum, _frame):
+    raise Stopped(signum)
+
+
+def stop_on_termination() -> None:
+    """SIGTERM and SIGHUP raise Stopped, so that ``with Bench(...)`` ends the commands it started
+    (their own process groups do not hear the signal that ends this script)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_stopped)
+
+
+def provenance(results: Dict, row: Dict) -> str:
+    when = row.get("measured_at", "?")
+    machine_ = results.get("runs", {}).get(when, {}).get("machine")
+    if machine_ and (machine_.get("cpu"), machine_.get("extensions")) != (results["machine"].get("cpu"), results["machine"].get("extensions")):
+        return f"{when} on {machine_['cpu']} ({machine_.get('extensions', '?')})"
+    return when
+
+
+def load_previous(path: Path) -> Dict:
+    """An earlier run's results in --out, each row stamped with the run that measured it; {} when
+    there is none.
+    SystemExit(2) after one line when the file is not this harness's: nothing is run or written."""
+    if not path.exists():
+        return {}
+    try:
+        previous = json.loads(path.read_text())
+        # Every run of the harness writes these sections, empty or not (the others came later).
+        assert isinstance(previous, dict) and isinstance(previous["machine"], dict), "no machine"
+        assert {"overhead", "data", "scaling", "amp"} <= previous.keys(), "no overhead, data, scaling and amp sections"
+        for section in SECTIONS:
+            for row in previous.get(section) or []:
+                missing = [k for k in ROW_KEYS[section] if k not in row]
+                assert not missing, f"its {section} rows lack {', '.join(missing)}: written by an older harness"
+    except (ValueError, KeyError, AssertionError) as e:
+        reason = str(e) if isinstance(e, AssertionError) else f"{type(e).__name__}: {e}"
+        print(f"run.py: error: {path} is not results of this harness ({reason}); move it away or pass another --out: "
+              "nothing was run or written", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2) from None
+    # A file's time says when it was checked out, not measured: an older file's rows say so instead.
+    when = previous.get("started") or "an earlier run (time not recorded)"
+    runs = previous.setdefault("runs", {})
+    runs.setdefault(when, {"machine": previous["machine"], "config": previous.get("config")})
+    for section in SECTIONS:
+        for row in previous.get(section) or []:
+            row.setdefault("measured_at", when)
+    return previous
+
+
+def merge(previous: List[Dict], new: List[Dict], section: str) -> List[Dict]:
+    """The earlier rows this run did not measure again, then this run's."""
+    key = lambda r: tuple(r.get(k) for k in ROW_KEYS[section])  # noqa: E731
+    measured = {key(r) for r in new}
+    return [r for r in previous if key(r) not in measured] + new
+
+
+def save(out: Path, results: Dict, with_json: bool = True) -> None:
+    """results.json, results.md and results.png, each written beside and renamed into place: an
+    interrupted benchmark leaves the last complete set, never half a file."""
+    from plot import plot
+
+    used = {r.get("measured_at") for section in SECTIONS for r in results.get(section) or []}
+    results["runs"] = {when: run for when, run in results.get("runs", {}).items() if when in used or when == results["started"]}
+    files = [("results.json", json.dumps(results, indent=2) + "\n")] if with_json else []
+    for name, text in [*files, ("results.md", markdown(results))]:
+        tmp = out / f".{name}.{os.getpid()}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
+    plot(results, out / "results.png")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the tiny model and few steps: checks the harness, measures little")
@@ -468,6 +614,7 @@ def main(argv=None) -> int:
     parser.add_argument("--models", help="the overhead section measures only these models, e.g. resnet50 (default: all)")
     parser.add_argument("--layouts", help="the overhead section measures only these processes x threads, e.g. 2x1 (default: 1x2,2x1)")
     parser.add_argument("--out", default=str(HERE / "results"))
+    parser.add_argument("--report-only", action="store_true", help="run nothing: write results.md and results.png again from --out's results.json")
     args = parser.parse_args(argv)
     backends = args.backends.split(",")
     sections = args.sections.split(",")
@@ -482,25 +629,66 @@ def main(argv=None) -> int:
         parser.error(f"{', '.join(wrong)} is not allowed: --backends takes {', '.join(BACKENDS)}; --sections takes {', '.join(SECTIONS)}; "
                      f"--tuned-settings takes {', '.join(known)}; --layouts takes {', '.join(layout_names)}; --models takes {', '.join(models)}")
     out = Path(args.out)
+    previous = load_previous(out / "results.json")
+    if args.report_only:
+        if not previous:
+            parser.error(f"--report-only needs {out / 'results.json'}, which does not exist")
+        previous.setdefault("started", max(previous["runs"]))
+        save(out, previous, with_json=False)
+        print(f"written from {out}/results.json: results.md and results.png")
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="unitrain-bench-"))
     args.pairs = args.pairs or (2 if args.quick else 10)
     bench = Bench(args.quick, args.repeats, work, args.pairs, backends, args.tuned_settings, [layout_names[v] for v in layouts],
                   args.models.split(",") if args.models else None)
-    results = {"machine": machine(), "config": {"model": bench.size.model, "image_size": bench.size.image, "batch_size": bench.batch,
-               "steps": bench.size.steps, "warmup": bench.size.warmup, "repeats": args.repeats, "pairs": args.pairs, "quick": args.quick}}  # fmt: skip
-    started = time.time()
+    config = {"model": bench.size.model, "image_size": bench.size.image, "batch_size": bench.batch, "steps": bench.size.steps,
+              "warmup": bench.size.warmup, "repeats": args.repeats, "pairs": args.pairs, "quick": args.quick}  # fmt: skip
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    here = machine()
+    results = {"machine": here, "config": config, "started": started, "runs": {**previous.get("runs", {}), started: {"machine": here, "config": config}}}
+    # What this run does not measure again stays, each row with the run that measured it.
+    results.update({section: previous.get(section) or [] for section in SECTIONS})
+    failed: Dict[str, str] = {}
+    clock = time.time()
+    stop_on_termination()
+    section = None
     try:
         for section in sections:
-            print(f"[{time.time() - started:6.0f} s] {section} ...", flush=True)
-            results[section] = getattr(bench, section)()
+            print(f"[{time.time() - clock:6.0f} s] {section} ...", flush=True)
+            try:
+                rows = getattr(bench, section)()
+            except RuntimeError as e:
+                # One failed command should not cost the hour's other sections; the full error is kept.
+                failed[section] = str(e)
+                (out / f"failed_{section}.log").write_text(str(e) + "\n")
+                print(f"run.py: section {section} failed: {str(e).splitlines()[0]} (its earlier rows are kept; "
+                      f"the error is in {out / f'failed_{section}.log'})", file=sys.stderr, flush=True)  # fmt: skip
+                continue
+            for row in rows:
+                row["measured_at"] = started
+            results[section] = merge(results[section], rows, section)
+            save(out, results)
+            (out / f"failed_{section}.log").unlink(missing_ok=True)  # an earlier failure of it no longer holds
+    except (KeyboardInterrupt, Stopped) as e:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        bench.stop()
+        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+        done = [s for s in sections[: sections.index(section) if section else 0] if s not in failed]
+        print(f"run.py: stopped by {signal.Signals(signum).name} during {section}: its commands are ended; "
+              f"{'the finished sections (' + ', '.join(done) + ') are in ' + str(out / 'results.json') if done else 'no section had finished: nothing was written'}",
+              file=sys.stderr)  # fmt: skip
+        return 128 + signum
     finally:
+        bench.stop()
         shutil.rmtree(work, ignore_errors=True)
-    for section in SECTIONS:
-        results.setdefault(section, [])
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text(markdown(results))
-    print(markdown(results) + f"\n{bench.runs} runs in {time.time() - started:.0f} s; written to {out}/results.json and results.md")
+    written = [s for s in sections if s not in failed]
+    where = f"written to {out}/results.json, results.md and results.png" if written else f"nothing written: {out} is as it was"
+    print(markdown(results) + f"\n{bench.runs} runs in {time.time() - clock:.0f} s; {where}")
+    if failed:
+        print(f"run.py: {len(failed)} section(s) failed: {', '.join(failed)}; see {out}/failed_<section>.log", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import List
+from typing import List, Set
 
 import pytest
 
@@ -43,3 +43,30 @@ def run_unitrain(args: List[str], tmp_path: Path, module: str = "unitrain", time
 @pytest.fixture
 def unitrain_cli(tmp_path):
     return lambda *args, **kw: run_unitrain(list(args), tmp_path, **kw)
+
+
+def descendants(pid: int) -> Set[int]:
+    """Every process below ``pid`` (children, grandchildren...), from /proc."""
+    found, todo = set(), [pid]
+    while todo:
+        parent = todo.pop()
+        for task in Path(f"/proc/{parent}/task").glob("*"):
+            try:
+                children = {int(c) for c in (task / "children").read_text().split()}
+            except OSError:
+                continue
+            todo += list(children - found)
+            found |= children
+    return found
+
+
+def alive(pids: Set[int]) -> Set[int]:
+    left = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if state != "Z":  # a zombie has ended; only its parent has not collected it yet
+            left.add(pid)
+    return left

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+
+from conftest import alive, descendants
 
 HARNESS = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
 
@@ -39,6 +45,7 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path):
     assert {r["model"] for r in results["loop"]} == {"resnet18"} and {r["backend"] for r in results["loop"]} == {"paddle", "torch"}
     amp = {(r["backend"], r["amp"]): r["effective"] for r in results["amp"]}
     assert amp[("paddle", "O2")] == "fp32" and amp[("torch", "O2")] == "O2 bfloat16"
+    assert (tmp_path / "results.png").stat().st_size > 0
     text = (tmp_path / "results.md").read_text()
     for heading in ("## Overhead", "## The loop alone", "## Start-up", "## Data loading", "## Data-parallel scaling", "## What fp16 gradient compression costs",
                     "## Each framework at its best", "## Largest batch that fits", "## Mixed precision"):
@@ -92,3 +99,105 @@ def test_overhead_rows_can_be_measured_alone_and_a_wrong_one_is_named(tmp_path):
     assert "resnet18 torch 2x1 pair 1/1: unitrain" in proc.stdout  # a long row shows each pair as it ends
     wrong = subprocess.run([*args, "--layouts", "3x1"], capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and "3x1 is not allowed" in wrong.stderr and "--layouts takes 1x2, 2x1" in wrong.stderr
+
+
+RESULTS = HARNESS.parent / "results"
+
+
+def test_report_only_draws_a_committed_run_and_leaves_its_numbers_alone(tmp_path):
+    shutil.copy(RESULTS / "tuned_paddle_mkl_avx2" / "results.json", tmp_path)
+    before = (tmp_path / "results.json").read_bytes()
+    proc = subprocess.run([sys.executable, str(HARNESS), "--report-only", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "results.json").read_bytes() == before
+    text = (tmp_path / "results.md").read_text()
+    for row in json.loads(before)["tuned"]:
+        assert f"| {row['model']} {row['image_size']}x{row['image_size']} | paddle | mkl_avx2 |" in text
+        assert f"| {row['speedup']:.3f} [{row['speedup_ci'][0]:.3f}, {row['speedup_ci'][1]:.3f}] |" in text
+    assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("found", [RESULTS / "malloc" / "results.json", RESULTS / "2026-11-22" / "results.json", None])
+def test_results_it_cannot_keep_are_refused_before_anything_runs(tmp_path, found):
+    """--out holding another script's results, an older harness's, or a garbled file: one line,
+    exit 2, and the file as it was (a run would otherwise have written over it)."""
+    if found:
+        shutil.copy(found, tmp_path / "results.json")
+    else:
+        (tmp_path / "results.json").write_text('{"machine": {"cpu"')
+    before = (tmp_path / "results.json").read_bytes()
+    proc = subprocess.run([sys.executable, str(HARNESS), "--quick", "--sections", "amp", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert "is not results of this harness" in line and "nothing was run or written" in line
+    assert (tmp_path / "results.json").read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["Ctrl-C", "SIGTERM"])
+def test_a_partial_run_keeps_the_other_sections_and_an_interrupt_keeps_the_finished_ones(tmp_path, how):
+    """An hour of benchmarks is not lost: a run of some sections keeps what --out held for the
+    others (each row saying when it was measured), every finished section is written at once,
+    and Ctrl-C (the terminal's whole job) or SIGTERM (the harness alone, as a scheduler sends
+    it) ends every command the harness started and says what was kept."""
+    base = [sys.executable, str(HARNESS), "--quick", "--repeats", "1", "--backends", "torch", "--out", str(tmp_path)]
+    first = subprocess.run([*base, "--sections", "maxbatch"], capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    (kept,) = json.loads((tmp_path / "results.json").read_text())["maxbatch"]
+
+    def terminal_job():  # SIGINT as a terminal's foreground job gets it, even under a backgrounded suite
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    second = subprocess.Popen([*base, "--sections", "amp,data"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True, preexec_fn=terminal_job)  # fmt: skip
+    seen, deadline = set(), time.monotonic() + 240
+    while time.monotonic() < deadline and not json.loads((tmp_path / "results.json").read_text())["amp"]:
+        assert second.poll() is None, second.communicate()
+        time.sleep(0.2)
+    while time.monotonic() < deadline and not alive(seen):  # the data section's first job is up
+        seen |= descendants(second.pid)
+        time.sleep(0.1)
+    assert alive(seen), "the data section started no command"
+    if how == "Ctrl-C":
+        os.killpg(second.pid, signal.SIGINT)
+    else:
+        os.kill(second.pid, signal.SIGTERM)
+    _, stderr = second.communicate(timeout=60)
+    signum = signal.SIGINT if how == "Ctrl-C" else signal.SIGTERM
+    assert second.returncode == 128 + signum
+    (line,) = stderr.strip().splitlines()
+    assert f"stopped by {signum.name} during data" in line and "(amp)" in line
+    deadline = time.monotonic() + 10
+    while alive(seen) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(seen), [Path(f"/proc/{p}/cmdline").read_text() for p in alive(seen)]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["maxbatch"] == [kept] and results["data"] == []
+    assert [r["amp"] for r in results["amp"]] == ["O0", "O2"] and {r["measured_at"] for r in results["amp"]} == {results["started"]}
+    assert kept["measured_at"] != results["started"] and set(results["runs"]) == {kept["measured_at"], results["started"]}
+    text = (tmp_path / "results.md").read_text()
+    assert "## Largest batch that fits" in text and f"| {kept['measured_at']} |" in text and "## Mixed precision" in text
+    assert (tmp_path / "results.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_failing_section_is_logged_and_the_others_still_run(tmp_path):
+    """A command that fails costs its section only: one line naming it, its error in a file, the
+    next section measured and written, exit status 1. The fault: maxbatch's interpreter cannot
+    start (a sitecustomize that exits), as a broken environment would make it."""
+    (tmp_path / "fault").mkdir()
+    (tmp_path / "fault" / "sitecustomize.py").write_text(
+        # At start-up `python -m unitrain.maxbatch ...` shows as ["-m", *its arguments]; only it takes --memory-limit.
+        'import sys\nif sys.argv[:1] == ["-m"] and "--memory-limit" in sys.argv:\n'
+        '    raise SystemExit("maxbatch cannot start here")\n'
+    )
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "fault")}
+    proc = subprocess.run([sys.executable, str(HARNESS), "--quick", "--repeats", "1", "--backends", "torch", "--sections", "maxbatch,amp", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    first, last = proc.stderr.strip().splitlines()
+    assert "section maxbatch failed: maxbatch torch failed (exit status 1): SystemExit: maxbatch cannot start here" in first and "failed: maxbatch" in last
+    assert "maxbatch cannot start here" in (out / "failed_maxbatch.log").read_text()
+    results = json.loads((out / "results.json").read_text())
+    assert results["maxbatch"] == [] and [r["amp"] for r in results["amp"]] == ["O0", "O2"]

@@ -14,36 +14,9 @@ from typing import List, Set
 
 import pytest
 
-from conftest import BACKENDS, FAST
+from conftest import BACKENDS, FAST, alive, descendants
 
 pytestmark = pytest.mark.slow
-
-
-def descendants(pid: int) -> Set[int]:
-    """Every process below ``pid`` (children, grandchildren...), from /proc."""
-    found, todo = set(), [pid]
-    while todo:
-        parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
-            try:
-                children = {int(c) for c in (task / "children").read_text().split()}
-            except OSError:
-                continue
-            todo += list(children - found)
-            found |= children
-    return found
-
-
-def alive(pids: Set[int]) -> Set[int]:
-    left = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        if state != "Z":  # a zombie has ended; only its parent has not collected it yet
-            left.add(pid)
-    return left
 
 
 def worker_pids(run_dir: Path) -> Set[int]:
