@@ -25,6 +25,8 @@ def _interval_panel(ax, rows: List[Dict], label: Callable[[Dict], str], key: str
     ax.axvline(1.0, linestyle="--", color="gray", linewidth=1, label="1 (no difference)")
     if target is not None:
         ax.axvline(target, linestyle="--", color="tab:red", linewidth=1, label=f"target {target}")
+    low_edge, high_edge = ax.get_xlim()
+    ax.set_xlim(low_edge, max(high_edge, (target or 1.0) + 0.01))  # the judging line never on the frame
     ax.set_yticks(y, [label(r) for r in rows], fontsize=7)
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="best")
@@ -84,7 +86,8 @@ def plot(results: Dict, path: Path) -> Optional[Path]:
         # measure again): say when, so that a kept row is not read as this run's.
         when = sorted({r["measured_at"] for r in rows if r.get("measured_at")})
         if when:
-            ax.set_title(f"{ax.get_title()}\nmeasured {', '.join(when)}", fontsize=9)
+            measured = f"measured {when[0]}" if len(when) == 1 else f"rows from {len(when)} runs (results.md names each row's)"
+            ax.set_title(f"{ax.get_title()}\n{measured}", fontsize=9)
     m = results["machine"]
     fig.suptitle(f"{m['cpu']}, {m['cores']} cores ({m.get('extensions', '?')}); torch {m['torch']}, paddle {m['paddle']}", fontsize=8)
     fig.tight_layout(rect=(0, 0, 1, 0.99))

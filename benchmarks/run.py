@@ -447,10 +447,14 @@ def markdown(results: Dict) -> str:
         return "\n".join(lines)
 
     m = results["machine"]
-    out = [f"# unitrain benchmarks\n\n{m['cpu']}, {m['cores']} cores ({m.get('extensions', '?')}), Python {m['python']}, torch {m['torch']}, paddle {m['paddle']}; "
-           f"{results['config']['model']} at {results['config']['image_size']}x{results['config']['image_size']}, batch {results['config']['batch_size']} "
-           f"per process, {results['config']['steps']} steps ({results['config']['warmup']} left out as warm-up), {results['config']['repeats']} repeat(s); "
-           f"medians, with min-max over repeats.\n"]  # fmt: skip
+    if not results.get("config"):  # --combine: rows of several runs, each saying which
+        out = [f"# unitrain benchmarks\n\n{m['cpu']}, {m['cores']} cores ({m.get('extensions', '?')}), Python {m['python']}, torch {m['torch']}, "
+               f"paddle {m['paddle']}; rows measured in separate runs of the harness, each named in its measured column.\n"]  # fmt: skip
+    else:
+        out = [f"# unitrain benchmarks\n\n{m['cpu']}, {m['cores']} cores ({m.get('extensions', '?')}), Python {m['python']}, torch {m['torch']}, paddle {m['paddle']}; "
+               f"{results['config']['model']} at {results['config']['image_size']}x{results['config']['image_size']}, batch {results['config']['batch_size']} "
+               f"per process, {results['config']['steps']} steps ({results['config']['warmup']} left out as warm-up), {results['config']['repeats']} repeat(s); "
+               f"medians, with min-max over repeats.\n"]  # fmt: skip
     out += [] if not results["overhead"] else ["## Overhead: unitrain / native step time (target <= 1.01)\n",
             "Natives share only the dataset with unitrain (their own ResNets). Ratio: median over interleaved pairs of the runs' "
             "median step times, [bootstrap 95% confidence interval]; CPU: the same for the process's CPU time per step.\n",
@@ -551,9 +555,9 @@ def provenance(results: Dict, row: Dict) -> str:
     return when
 
 
-def load_previous(path: Path) -> Dict:
-    """An earlier run's results in --out, each row stamped with the run that measured it; {} when
-    there is none.
+def load_previous(path: Path, unstamped: str = "an earlier run (time not recorded)", advice: str = "move it away or pass another --out") -> Dict:
+    """An earlier run's results in --out, each row stamped with the run that measured it (rows
+    from before the stamps with ``unstamped``); {} when there is none.
     SystemExit(2) after one line when the file is not this harness's: nothing is run or written."""
     if not path.exists():
         return {}
@@ -568,11 +572,10 @@ def load_previous(path: Path) -> Dict:
                 assert not missing, f"its {section} rows lack {', '.join(missing)}: written by an older harness"
     except (ValueError, KeyError, AssertionError) as e:
         reason = str(e) if isinstance(e, AssertionError) else f"{type(e).__name__}: {e}"
-        print(f"run.py: error: {path} is not results of this harness ({reason}); move it away or pass another --out: "
-              "nothing was run or written", file=sys.stderr)  # fmt: skip
+        print(f"run.py: error: {path} is not results of this harness ({reason}); {advice}: nothing was run or written", file=sys.stderr)
         raise SystemExit(2) from None
     # A file's time says when it was checked out, not measured: an older file's rows say so instead.
-    when = previous.get("started") or "an earlier run (time not recorded)"
+    when = previous.get("started") or unstamped
     runs = previous.setdefault("runs", {})
     runs.setdefault(when, {"machine": previous["machine"], "config": previous.get("config")})
     for section in SECTIONS:
@@ -582,10 +585,12 @@ def load_previous(path: Path) -> Dict:
 
 
 def merge(previous: List[Dict], new: List[Dict], section: str) -> List[Dict]:
-    """The earlier rows this run did not measure again, then this run's."""
+    """The earlier rows, each measured again in its place (so a table keeps its order), then the
+    new rows that were not there."""
     key = lambda r: tuple(r.get(k) for k in ROW_KEYS[section])  # noqa: E731
-    measured = {key(r) for r in new}
-    return [r for r in previous if key(r) not in measured] + new
+    fresh = {key(r): r for r in new}
+    merged = [fresh.pop(key(r), r) for r in previous]
+    return merged + [r for r in new if key(r) in fresh]
 
 
 def save(out: Path, results: Dict, with_json: bool = True) -> None:
@@ -603,8 +608,35 @@ def save(out: Path, results: Dict, with_json: bool = True) -> None:
     plot(results, out / "results.png")
 
 
+def combine(parser: argparse.ArgumentParser, folders: List[Path], out: Path) -> int:
+    """Rows measured in separate runs (a noisy row alone, with more pairs) as one report."""
+    if (out / "results.json").exists():
+        parser.error(f"--combine writes a new {out / 'results.json'}, and one is there already: pass another --out")
+    combined: Dict = {}
+    for folder in folders:
+        part = load_previous(folder / "results.json", unstamped=folder.name, advice="leave that folder out")
+        if not part:
+            parser.error(f"--combine takes folders holding a results.json of this harness; {folder} holds none")
+        combined = combined or {"machine": part["machine"], "config": None, "runs": {}, **{s: [] for s in SECTIONS}}
+        combined["runs"].update(part["runs"])
+        for section in SECTIONS:
+            combined[section] = merge(combined[section], part.get(section) or [], section)
+    # No run of its own: every table says where each of its rows was measured.
+    combined["started"] = "combined"
+    out.mkdir(parents=True, exist_ok=True)
+    save(out, combined)
+    print(f"{sum(len(combined[s]) for s in SECTIONS)} rows from {len(folders)} folders: {out}/results.json, results.md and results.png")
+    return 0
+
+
+class OneLineParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        """Bad arguments: one line and exit status 2, without argparse's usage block."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="the tiny model and few steps: checks the harness, measures little")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pairs", type=int, default=None, help="interleaved unitrain/native pairs per overhead row (default 10; 2 with --quick)")
@@ -615,6 +647,8 @@ def main(argv=None) -> int:
     parser.add_argument("--layouts", help="the overhead section measures only these processes x threads, e.g. 2x1 (default: 1x2,2x1)")
     parser.add_argument("--out", default=str(HERE / "results"))
     parser.add_argument("--report-only", action="store_true", help="run nothing: write results.md and results.png again from --out's results.json")
+    parser.add_argument("--combine", nargs="+", metavar="DIR", help="run nothing: one results.json, .md and .png in --out from the rows of "
+                        "these folders' results (a later folder's row replaces an earlier one's with the same key), each row saying where it came from")
     args = parser.parse_args(argv)
     backends = args.backends.split(",")
     sections = args.sections.split(",")
@@ -630,6 +664,8 @@ def main(argv=None) -> int:
                      f"--tuned-settings takes {', '.join(known)}; --layouts takes {', '.join(layout_names)}; --models takes {', '.join(models)}")
     out = Path(args.out)
     previous = load_previous(out / "results.json")
+    if args.combine:
+        return combine(parser, [Path(folder) for folder in args.combine], out)
     if args.report_only:
         if not previous:
             parser.error(f"--report-only needs {out / 'results.json'}, which does not exist")

@@ -117,6 +117,24 @@ def test_report_only_draws_a_committed_run_and_leaves_its_numbers_alone(tmp_path
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_rows_measured_apart_combine_into_one_report_that_names_each_rows_run(tmp_path):
+    """A noisy row measured again alone (more pairs, its own --out) replaces its row of the full
+    run in the combined report; the other rows stay, and each row names the run it came from."""
+    full, alone = RESULTS / "overhead_paddle", RESULTS / "overhead_paddle_resnet50_2x1"
+    out = tmp_path / "combined"
+    args = [sys.executable, str(HARNESS), "--combine", str(full), str(alone), "--out", str(out)]
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = json.loads((out / "results.json").read_text())["overhead"]
+    (replacement,) = json.loads((alone / "results.json").read_text())["overhead"]
+    expected = [replacement if (r["model"], r["processes"]) == ("resnet50", 2) else r for r in json.loads((full / "results.json").read_text())["overhead"]]
+    assert [r["ratio"] for r in rows] == [r["ratio"] for r in expected] and len(rows) == 4
+    assert [r["measured_at"] for r in rows] == [full.name, full.name, full.name, alone.name]
+    assert f"| {replacement['pairs']} | {alone.name} |" in (out / "results.md").read_text() and (out / "results.png").exists()
+    again = subprocess.run(args, capture_output=True, text=True, timeout=120)  # never over an earlier report
+    assert again.returncode == 2 and "one is there already" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("found", [RESULTS / "malloc" / "results.json", RESULTS / "2026-11-22" / "results.json", None])
 def test_results_it_cannot_keep_are_refused_before_anything_runs(tmp_path, found):
     """--out holding another script's results, an older harness's, or a garbled file: one line,
