@@ -46,7 +46,9 @@ def _scaling(ax, rows: List[Dict]) -> None:
     labels = [f"{r['backend']} {r.get('variant', 'default')}" for r in rows][::-1]
     eff = [r["efficiency"] for r in rows][::-1]
     spread = [[e - r["efficiency_min"] for e, r in zip(eff, rows[::-1])], [r["efficiency_max"] - e for e, r in zip(eff, rows[::-1])]]
-    ax.barh(range(len(rows)), eff, xerr=spread, capsize=3, color="tab:green")
+    # The ceiling (two independent jobs, no all-reduce) is the machine's limit, not a lever: grey.
+    colors = ["tab:gray" if r.get("variant", "").startswith("no all-reduce") else "tab:green" for r in rows[::-1]]
+    ax.barh(range(len(rows)), eff, xerr=spread, capsize=3, color=colors)
     ax.axvline(EFFICIENCY_GOAL, linestyle="--", color="tab:red", linewidth=1, label=f"goal {EFFICIENCY_GOAL}")
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.set_xlim(0, max(1.05, max(r["efficiency_max"] for r in rows) + 0.05))

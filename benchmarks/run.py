@@ -617,7 +617,8 @@ def combine(parser: argparse.ArgumentParser, folders: List[Path], out: Path) -> 
         part = load_previous(folder / "results.json", unstamped=folder.name, advice="leave that folder out")
         if not part:
             parser.error(f"--combine takes folders holding a results.json of this harness; {folder} holds none")
-        combined = combined or {"machine": part["machine"], "config": None, "runs": {}, **{s: [] for s in SECTIONS}}
+        combined = combined or {"config": None, "runs": {}, **{s: [] for s in SECTIONS}}
+        combined["machine"] = part["machine"]  # the header names the newest folder's machine; rows from another say theirs
         combined["runs"].update(part["runs"])
         for section in SECTIONS:
             combined[section] = merge(combined[section], part.get(section) or [], section)
