@@ -31,7 +31,8 @@ Nothing measured is lost: each section is written (results.json, results.md, res
 ends; a run of some sections or backends keeps the rows --out already held for the others, each
 row stamped with the run that measured it; a section whose command fails is logged in
 failed_<section>.log and the others go on (exit status 1); Ctrl-C or SIGTERM ends every command
-started and keeps the finished sections. --report-only draws results.md and results.png again.
+started and keeps the finished sections. --report-only draws results.md and results.png again;
+--combine DIR... makes one report from rows measured in separate runs.
 """
 
 from __future__ import annotations
