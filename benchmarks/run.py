@@ -53,6 +53,7 @@ from typing import Dict, List, NamedTuple, Tuple
 
 import numpy as np
 
+from unitrain.files import replace_text
 from unitrain.machine import FLAGS
 from unitrain.machine import cpu as cpu_info
 
@@ -603,9 +604,7 @@ def save(out: Path, results: Dict, with_json: bool = True) -> None:
     results["runs"] = {when: run for when, run in results.get("runs", {}).items() if when in used or when == results["started"]}
     files = [("results.json", json.dumps(results, indent=2) + "\n")] if with_json else []
     for name, text in [*files, ("results.md", markdown(results))]:
-        tmp = out / f".{name}.{os.getpid()}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
+        replace_text(out / name, text)
     plot(results, out / "results.png")
 
 

@@ -10,7 +10,6 @@ the check it passed. ``python -m unitrain.infer`` reads the same manifest.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -21,6 +20,7 @@ from omegaconf import OmegaConf
 from unitrain.config import UnitrainConfig
 from unitrain.data import DATASETS, SyntheticDataset, build_heldout_dataset
 from unitrain.errors import UnitrainError
+from unitrain.files import replace_text
 
 MANIFEST = "export.json"
 FORMATS = ("native", "onnx")
@@ -85,10 +85,7 @@ def read_manifest(directory: Path) -> Dict[str, Any]:
 
 def write_manifest(directory: Path, manifest: Dict[str, Any]) -> None:
     """Written beside and renamed into place: an interrupted export never leaves half a manifest."""
-    path = Path(directory) / MANIFEST
-    tmp = path.with_name(f".{MANIFEST}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, default=str))
-    os.replace(tmp, path)
+    replace_text(Path(directory) / MANIFEST, json.dumps(manifest, indent=2, default=str))
 
 
 def artifacts_of(directory: Path, manifest: Dict[str, Any]) -> List[Artifact]:

@@ -31,6 +31,7 @@ import numpy as np
 
 from unitrain import artifacts
 from unitrain.errors import UnitrainError
+from unitrain.files import replace_text
 from unitrain.machine import cpu, describe_cpu
 
 RESULT = "inference.json"
@@ -269,9 +270,7 @@ def benchmark(inputs: Sequence[str], batches: List[int], threads: int, out: Opti
         "timed": "one inference on an input already in the runtime's memory, logits read back as NumPy", "rows": rows,
     }  # fmt: skip
     out_dir.mkdir(parents=True, exist_ok=True)
-    tmp_file = out_dir / f".{RESULT}.tmp"
-    tmp_file.write_text(json.dumps(result, indent=2, default=str))
-    os.replace(tmp_file, out_dir / RESULT)
+    replace_text(out_dir / RESULT, json.dumps(result, indent=2, default=str))
     (out_dir / "inference.md").write_text(markdown(result) + "\n")
     plot(result, out_dir / "inference.png")
     return out_dir

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
@@ -13,6 +12,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import numpy as np
 
 from unitrain.errors import UnitrainError
+from unitrain.files import replace_text
 
 log = logging.getLogger("unitrain")
 
@@ -38,9 +38,7 @@ class MetricsLog:
         self.sinks = list(sinks)  # TensorBoard / VisualDL writers, when asked for
         self._file = None
         if path and history:
-            tmp = Path(path).with_name(f".{Path(path).name}.tmp")
-            tmp.write_text("".join(json.dumps(r) + "\n" for r in history), encoding="utf-8")
-            os.replace(tmp, path)
+            replace_text(Path(path), "".join(json.dumps(r) + "\n" for r in history))
             self._file = open(path, "a", encoding="utf-8")
         elif path:
             self._file = open(path, "w", encoding="utf-8")

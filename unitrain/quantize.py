@@ -39,6 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 from unitrain import artifacts
 from unitrain.config import BackendConfig
 from unitrain.errors import ConfigError, UnitrainError
+from unitrain.files import replace_text
 from unitrain.machine import cpu
 from unitrain.onnx_quantize import quantize_onnx
 from unitrain.quantize_report import RESULT, markdown, plot, table
@@ -210,9 +211,7 @@ def quantize(cfg, out_dir: Path) -> Dict[str, Any]:
         "held_out": timed["eval_samples"], "batches": timed["batches"], "rows": table(timed["rows"], sizes, methods),
         "made_by": {n: e["quantizer"] for n, e in manifest["artifacts"].items()},
     }  # fmt: skip
-    tmp = out_dir / f".{RESULT}.tmp"
-    tmp.write_text(json.dumps(report, indent=2, default=str))
-    os.replace(tmp, out_dir / RESULT)
+    replace_text(out_dir / RESULT, json.dumps(report, indent=2, default=str))
     (out_dir / "quantize.md").write_text(markdown(report) + "\n")
     plot(report["rows"], report["batches"], out_dir / "quantize.png")
     return report
