@@ -30,10 +30,10 @@ import torch
 from omegaconf import OmegaConf
 
 import unitrain
-from unitrain.data import build_heldout_dataset
-from unitrain.evaluation import Evaluator
-from unitrain.machine import cpu
-from unitrain.state import convert
+from unitrain.data.datasets import build_heldout_dataset
+from unitrain.train.evaluation import Evaluator
+from unitrain.host.machine import cpu
+from unitrain.model.weights import convert
 from run import median_ci
 
 

@@ -32,10 +32,10 @@ def main(argv=None) -> int:
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from unitrain.backend import get_backend
-    from unitrain.config import register_configs
-    from unitrain.threads import export_threads
-    from unitrain.trainer import Trainer
+    from unitrain.interface.backend import get_backend
+    from unitrain.config.schema import register_configs
+    from unitrain.host.threads import export_threads
+    from unitrain.train.trainer import Trainer
 
     register_configs()
     total = 2 * (args.steps + 2)

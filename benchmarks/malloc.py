@@ -18,7 +18,7 @@ from pathlib import Path
 
 from run import OVERHEAD_SIZES, Bench, Stopped, machine, median_ci, stop_on_termination
 
-from unitrain import malloc
+from unitrain.host import malloc
 
 # glibc's tunables for what unitrain sets with mallopt (the native script cannot call it).
 FIXED_ENV = {"MALLOC_MMAP_THRESHOLD_": str(malloc.MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(malloc.TRIM_THRESHOLD)}

@@ -17,7 +17,7 @@ from paddle.distributed import fleet  # noqa: E402
 
 from paddle.vision import models  # noqa: E402
 
-from unitrain.data import SyntheticDataset  # noqa: E402
+from unitrain.data.datasets import SyntheticDataset  # noqa: E402
 
 args = parse_args()
 paddle.base.core.set_num_threads(args.threads)

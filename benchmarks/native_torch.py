@@ -114,7 +114,7 @@ def build(name: str, num_classes: int) -> ResNet:
 def main() -> None:
     from native_common import StepTimer, parse_args
 
-    from unitrain.data import SyntheticDataset
+    from unitrain.data.datasets import SyntheticDataset
 
     args = parse_args()
     torch.set_num_threads(args.threads)

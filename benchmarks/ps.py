@@ -23,7 +23,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from unitrain import machine, ps_report  # noqa: E402
+from unitrain.host import machine
+from unitrain.report import ps as ps_report  # noqa: E402
 
 JOBS = [
     ("torch", "local"), ("torch", "sync"), ("torch", "async"),

@@ -53,9 +53,9 @@ from typing import Dict, List, NamedTuple, Tuple
 
 import numpy as np
 
-from unitrain.files import replace_text
-from unitrain.machine import FLAGS
-from unitrain.machine import cpu as cpu_info
+from unitrain.host.atomic import replace_text
+from unitrain.host.machine import FLAGS
+from unitrain.host.machine import cpu as cpu_info
 
 HERE = Path(__file__).resolve().parent
 BACKENDS = ("paddle", "torch")
@@ -344,7 +344,7 @@ class Bench:
         """What fp16 gradient compression costs in held-out accuracy: the same 2-process job on
         Fashion-MNIST (or, with --quick or without the dataset, held-out synthetic data) with
         and without it, over the repeats' seeds."""
-        from unitrain.fashion_mnist import available
+        from unitrain.data.fashion_mnist import available
 
         if "torch" not in self.backends:  # the fp16 hook is torch's; Paddle's dynamic graph has none
             return []

@@ -142,7 +142,7 @@ def test_checkpoint_of_the_other_framework_resumes_with_converted_weights(finish
     # metrics.jsonl says whose each step was, and so do the summary and the comparison.
     assert [r.get("framework") for r in result.metrics()] == [backend] * 8 + [None] * 2
     assert result.summary()["steps_by_framework"] == {backend: 8, other: 2}
-    from unitrain.compare import fairness_warnings, load_runs, throughput
+    from unitrain.report.training import fairness_warnings, load_runs, throughput
 
     runs = load_runs([result.run_dir])
     assert throughput(runs)["over"] == "2 steps"
@@ -171,7 +171,7 @@ def test_converted_checkpoint_loads_in_plain_framework_code(finished, tmp_path):
     import torch
 
     import unitrain
-    from unitrain.checkpoint import read_model_arrays
+    from unitrain.train.checkpoint import read_model_arrays
 
     source = unitrain.get_backend(backend)
     target = unitrain.get_backend(other)
@@ -262,7 +262,7 @@ def test_convert_errors_are_one_line(finished, tmp_path):
 
 
 def test_a_chain_of_resumes_across_frameworks_keeps_whose_each_step_was():
-    from unitrain.metrics import label_history, steps_by_framework
+    from unitrain.train.metrics import label_history, steps_by_framework
 
     torch_run = [{"step": s, "loss": 1.0} for s in (1, 2)]  # as torch wrote it: its own steps, unmarked
     on_paddle = label_history(torch_run, "torch", "paddle") + [{"step": 3, "loss": 1.0}]

@@ -136,7 +136,7 @@ def test_out_of_memory_is_one_line(unitrain_cli):
 
 @pytest.mark.slow
 def test_more_workers_than_cores_is_warned_in_one_line(unitrain_cli):
-    from unitrain.threads import available_cores
+    from unitrain.host.threads import available_cores
 
     workers = available_cores() + 1
     result = unitrain_cli(*FAST[:-2], "trainer.progress=false", "trainer.steps=2", "trainer.threads=1", f"dist.nproc_per_node={workers}")

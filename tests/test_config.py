@@ -7,8 +7,9 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from unitrain.app import check_group_choices, group_options
-from unitrain.config import register_configs, validate
+from unitrain.launch.hydra import check_group_choices, group_options
+from unitrain.config.schema import register_configs
+from unitrain.config.validation import validate
 from unitrain.errors import ConfigError
 
 register_configs()
@@ -59,7 +60,7 @@ def test_defaults_are_the_documented_job():
     # The seed's optimizer in the optim group; the small default job lowers only the lr.
     assert (cfg.optim.lr, cfg.optim.momentum, cfg.optim.weight_decay) == (0.02, 0.9, 1e-4)
     assert make("experiment=seed_resnet50").optim.lr == 0.1
-    from unitrain.config import OptimConfig
+    from unitrain.config.schema import OptimConfig
 
     assert (OptimConfig.lr, OptimConfig.momentum, OptimConfig.weight_decay) == (0.1, 0.9, 1e-4)
 

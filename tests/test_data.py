@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from unitrain.data import ImageFolderDataset, LearnableDataset, SyntheticDataset
+from unitrain.data.datasets import ImageFolderDataset, LearnableDataset, SyntheticDataset
 from unitrain.errors import ConfigError
 
 

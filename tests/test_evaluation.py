@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import BACKENDS, FAST, run_unitrain
-from unitrain.augment import AugmentedDataset, EpochKeyedBatches
-from unitrain.data import LearnableDataset, SyntheticDataset
-from unitrain.evaluation import HeldOutBatches
-from unitrain.fashion_mnist import DEFAULT_PATH, available
-from unitrain.sampler import DistributedBatchSampler
+from unitrain.data.augment import AugmentedDataset, EpochKeyedBatches
+from unitrain.data.datasets import LearnableDataset, SyntheticDataset
+from unitrain.train.evaluation import HeldOutBatches
+from unitrain.data.fashion_mnist import DEFAULT_PATH, available
+from unitrain.data.sampler import DistributedBatchSampler
 
 HAVE_FASHION_MNIST = available()
 needs_fashion_mnist = pytest.mark.skipif(
@@ -89,11 +89,11 @@ def test_evaluation_is_logged_and_timed_apart(unitrain_cli):
 def test_data_parallel_evaluation_equals_one_process(backend, tmp_path):
     """37 held-out samples over 2 ranks (19 + 18): each counted once, as one process counts them."""
     import unitrain
-    from unitrain.checkpoint import read_model_arrays
-    from unitrain.data import build_heldout_dataset
-    from unitrain.distributed import DistributedContext
-    from unitrain.evaluation import Evaluator
-    from unitrain.config import DataConfig
+    from unitrain.train.checkpoint import read_model_arrays
+    from unitrain.data.datasets import build_heldout_dataset
+    from unitrain.interface.distributed import DistributedContext
+    from unitrain.train.evaluation import Evaluator
+    from unitrain.config.schema import DataConfig
 
     args = [f"backend={backend}", *FAST, "trainer.steps=4", "data.val_samples=37", "trainer.eval_batch_size=8", "trainer.checkpoint_every=4"]
     result = run_unitrain([*args, "dist.nproc_per_node=2", "trainer.threads=1"], tmp_path)

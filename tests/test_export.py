@@ -44,7 +44,7 @@ def exported(request, tmp_path_factory):
 
 def checkpoint_logits(backend_name: str, run_dir: Path, images: np.ndarray) -> np.ndarray:
     """The checkpoint's model in its own framework, in inference mode (the export's reference)."""
-    from unitrain.backend import get_backend
+    from unitrain.interface.backend import get_backend
 
     backend = get_backend(backend_name)
     step = (run_dir / "checkpoints" / "latest").read_text().strip()

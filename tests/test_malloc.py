@@ -13,7 +13,7 @@ import pytest
 FAULTS_OF_A_REUSED_BUFFER = """
 import json, resource, sys
 import numpy as np
-from unitrain import malloc
+from unitrain.host import malloc
 info = malloc.apply(sys.argv[1])
 def faults():
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import unitrain
-from unitrain.state import convert, from_canonical, to_canonical
+from unitrain.model.weights import convert, from_canonical, to_canonical
 
 P, T = unitrain.get_backend("paddle"), unitrain.get_backend("torch")
 

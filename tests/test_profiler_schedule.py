@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from unitrain.config import OptimConfig
-from unitrain.profiler import Profiler
-from unitrain.schedule import lr_at
+from unitrain.config.schema import OptimConfig
+from unitrain.train.step_timer import Profiler
+from unitrain.config.schedule import lr_at
 
 
 class SlowLoader:
@@ -54,7 +54,7 @@ def test_schedules():
 def _cfg(*overrides):
     from hydra import compose, initialize_config_module
 
-    from unitrain.config import register_configs
+    from unitrain.config.schema import register_configs
 
     register_configs()
     with initialize_config_module(version_base=None, config_module="unitrain.conf"):
@@ -62,21 +62,21 @@ def _cfg(*overrides):
 
 
 def test_batch_plan_linear_scaling_keeps_the_per_device_batch():
-    from unitrain.schedule import BatchPlan
+    from unitrain.config.schedule import BatchPlan
 
     plan = BatchPlan.from_config(_cfg("trainer.batch_size=16", "optim.lr=0.1", "trainer.accumulate_steps=2"), world_size=4)
     assert (plan.micro_batch, plan.global_batch, plan.lr) == (16, 128, pytest.approx(0.8))
 
 
 def test_batch_plan_keep_global_splits_the_batch():
-    from unitrain.schedule import BatchPlan
+    from unitrain.config.schedule import BatchPlan
 
     plan = BatchPlan.from_config(_cfg("trainer.batch_size=64", "optim.lr=0.1", "optim.lr_scaling=keep_global"), world_size=4)
     assert (plan.micro_batch, plan.global_batch, plan.lr) == (16, 64, 0.1)
 
 
 def test_keep_global_needs_a_divisible_batch():
-    from unitrain.config import validate
+    from unitrain.config.validation import validate
     from unitrain.errors import ConfigError
 
     with pytest.raises(ConfigError, match="trainer.batch_size=10 is not allowed: a multiple of 4"):

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import run_unitrain
-from unitrain import criteo
+from unitrain.data import criteo
 from unitrain.errors import UnitrainError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ def paddle_ps_python() -> str:
 # --- data and metrics ---------------------------------------------------------------------------
 def test_category_ids_are_the_same_in_every_process():
     # Python's hash() is salted per process: ids must not depend on it.
-    code = "from unitrain.criteo import synthetic; print(synthetic(50, 1, 1000).sparse.sum())"
+    code = "from unitrain.data.criteo import synthetic; print(synthetic(50, 1, 1000).sparse.sum())"
     sums = {
         subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True, check=True).stdout
         for seed in ("1", "2")

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FAST, run_unitrain
-from unitrain import machine
+from unitrain.host import machine
 
 pytest.importorskip("torchao", reason="quantization tests need the quantize extra (make test installs it)")
 pytest.importorskip("onnxruntime", reason="quantization tests need the export extra (make test installs it)")

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unitrain.sampler import DistributedBatchSampler
+from unitrain.data.sampler import DistributedBatchSampler
 
 layouts = st.fixed_dictionaries(
     {

@@ -64,7 +64,7 @@ def test_paddle_mkl_runs_its_generic_kernels_on_this_cpu_unless_tuned_and_the_re
     assert tuned.summary()["tuning"]["applied"] == ["MKL 2019.0.5 AVX2 kernels"]
     # Other kernels, the same arithmetic up to rounding (FMA): the same model trains.
     np.testing.assert_allclose([m["loss"] for m in tuned.metrics()], [m["loss"] for m in same.metrics()], rtol=1e-4)
-    from unitrain.compare import fairness_warnings, load_runs
+    from unitrain.report.training import fairness_warnings, load_runs
 
     warnings = fairness_warnings(load_runs([same.run_dir, tuned.run_dir]))
     assert any(w.startswith("paddle ran MKL 2019.0.5, generic kernels") and "backend.tuned=true" in w for w in warnings), warnings
@@ -85,7 +85,7 @@ def test_report_never_ranks_a_tuned_row_against_a_same_settings_row(tmp_path):
     common = ["backend=torch", *FAST, "trainer.steps=3"]
     for name, extra in (("same", []), ("tuned", ["backend.tuned=true"])):
         assert run_unitrain([*common, *extra], tmp_path / name).returncode == 0
-    from unitrain.compare import group_repeats, load_runs, table_rows
+    from unitrain.report.training import group_repeats, load_runs, table_rows
 
     rows = table_rows(group_repeats(load_runs([tmp_path / "same" / "run", tmp_path / "tuned" / "run"])))
     by_settings = {r["settings"]: r for r in rows}
@@ -102,7 +102,7 @@ def test_report_never_ranks_a_tuned_row_against_a_same_settings_row(tmp_path):
     ("paddle", ["dist.bucket_cap_mb=1"], "none (float32 all-reduce)", 1),
 ])  # fmt: skip
 def test_all_reduce_levers_are_applied_and_keep_the_result(backend, levers, hook, buckets, tmp_path):
-    from unitrain.launch import free_port
+    from unitrain.launch.supervise import free_port
 
     common = [f"backend={backend}", *FAST, *EXACT, *STEPS]
     one = run_unitrain(common, tmp_path / "one")

@@ -3,14 +3,14 @@
 This package imports no framework: ``get_backend(name)`` imports one when asked.
 """
 
-from unitrain.backend import Backend, available_backends, get_backend
-from unitrain.config import AmpConfig, DataConfig, DistConfig, ModelConfig, OptimConfig, TrainerConfig
-from unitrain.data import ImageFolderDataset, LearnableDataset, SyntheticDataset
-from unitrain.distributed import DistributedContext
+from unitrain.interface.backend import Backend, available_backends, get_backend
+from unitrain.config.schema import AmpConfig, DataConfig, DistConfig, ModelConfig, OptimConfig, TrainerConfig
+from unitrain.data.datasets import ImageFolderDataset, LearnableDataset, SyntheticDataset
+from unitrain.interface.distributed import DistributedContext
 from unitrain.errors import BackendUnavailableError, ConfigError, UnitrainError, UnknownNameError
-from unitrain.precision import MixedPrecision
-from unitrain.profiler import Profiler
-from unitrain.sampler import DistributedBatchSampler
+from unitrain.interface.precision import MixedPrecision
+from unitrain.train.step_timer import Profiler
+from unitrain.data.sampler import DistributedBatchSampler
 
 __version__ = "0.1.0"
 

@@ -14,10 +14,10 @@ from typing import Sequence
 
 import numpy as np
 
-from unitrain.backend import get_backend
-from unitrain.checkpoint import find_checkpoint, read_meta, read_model_arrays
+from unitrain.interface.backend import get_backend
+from unitrain.train.checkpoint import find_checkpoint, read_meta, read_model_arrays
 from unitrain.errors import UnitrainError
-from unitrain.state import FRAMEWORKS, Arrays, convert
+from unitrain.model.weights import FRAMEWORKS, Arrays, convert
 
 NATIVE_SUFFIX = {"torch": ".pt", "paddle": ".pdparams"}
 

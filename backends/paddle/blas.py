@@ -19,7 +19,7 @@ from typing import Any, Dict, Optional
 
 import paddle
 
-from unitrain import machine
+from unitrain.host import machine
 
 AVX2 = 5
 # What mkl_serv_cpu_detect() answers, as far as observed here: 0 with no variable on AMD, and

@@ -16,8 +16,9 @@ import paddle
 import paddle.distributed as pdist
 from paddle.distributed import fleet
 
-from unitrain.config import DistConfig, check_all_reduce_levers
-from unitrain.distributed import NO_COMM_HOOK, DistributedContext
+from unitrain.config.schema import DistConfig
+from unitrain.config.validation import check_all_reduce_levers
+from unitrain.interface.distributed import NO_COMM_HOOK, DistributedContext
 from unitrain.errors import ConfigError
 
 _OPS = {"sum": pdist.ReduceOp.SUM, "max": pdist.ReduceOp.MAX, "min": pdist.ReduceOp.MIN}

@@ -12,7 +12,7 @@ from typing import Any, Dict, List
 import numpy as np
 import paddle
 
-from unitrain.infer import Runtime
+from unitrain.interface.infer import Runtime
 
 
 def _prefix(path: Path) -> str:

@@ -8,7 +8,7 @@ import paddle
 from paddle import nn
 from paddle.nn import functional as F
 
-from unitrain.models import ResNetSpec
+from unitrain.model.specs import ResNetSpec
 
 # (place, dtype, layout) -> whether Paddle's batch_norm op there folds in the biased variance.
 _BIASED_VARIANCE: dict = {}

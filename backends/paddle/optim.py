@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import paddle
 
-from unitrain.backend import decays
-from unitrain.config import OptimConfig
+from unitrain.interface.backend import decays
+from unitrain.config.schema import OptimConfig
 
 
 def build_optimizer(model: paddle.nn.Layer, cfg: OptimConfig) -> paddle.optimizer.Momentum:

@@ -12,8 +12,8 @@ import logging
 import warnings
 import paddle
 
-from unitrain.config import AmpConfig
-from unitrain.precision import MixedPrecision, ScaledMixedPrecision, loss_scaling_wanted, op_lists
+from unitrain.config.schema import AmpConfig
+from unitrain.interface.precision import MixedPrecision, ScaledMixedPrecision, loss_scaling_wanted, op_lists
 
 log = logging.getLogger("unitrain")
 

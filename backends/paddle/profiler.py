@@ -8,8 +8,8 @@ from pathlib import Path
 import paddle
 import paddle.profiler as pprof
 
-from unitrain.config import ProfilerConfig
-from unitrain.profiler import Tracer
+from unitrain.config.schema import ProfilerConfig
+from unitrain.interface.profiler import Tracer
 
 # "conv2d dygraph[8.530 us]" -> "conv2d"
 _SUFFIX = re.compile(r"(\[[^\]]*\])$|( dygraph)$")

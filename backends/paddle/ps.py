@@ -32,9 +32,9 @@ from typing import Any, Dict, Optional
 import numpy as np
 import paddle
 
-from unitrain.criteo import DENSE_FEATURES, SPARSE_SLOTS, CtrData
+from unitrain.data.criteo import DENSE_FEATURES, SPARSE_SLOTS, CtrData
 from unitrain.errors import UnitrainError
-from unitrain.ps import EMBED_INIT, PsProgram, Role, tower_init
+from unitrain.ps.job import EMBED_INIT, PsProgram, Role, tower_init
 
 # Seconds a trainer waits for the servers to listen before it gives up.
 SERVER_WAIT_S = 120.0

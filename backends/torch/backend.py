@@ -8,9 +8,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from unitrain.backend import Backend, check_state as _check_state
-from unitrain.config import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
-from unitrain.models import ResNetSpec
+from unitrain.interface.backend import Backend, check_state as _check_state
+from unitrain.config.schema import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
+from unitrain.model.specs import ResNetSpec
 
 from . import data, distributed, models, optim, precision, profiler
 

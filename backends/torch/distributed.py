@@ -16,8 +16,9 @@ import torch.distributed as tdist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
-from unitrain.config import DistConfig, check_all_reduce_levers
-from unitrain.distributed import NO_COMM_HOOK, DistributedContext
+from unitrain.config.schema import DistConfig
+from unitrain.config.validation import check_all_reduce_levers
+from unitrain.interface.distributed import NO_COMM_HOOK, DistributedContext
 from unitrain.errors import ConfigError
 
 _OPS = {"sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}

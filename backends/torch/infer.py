@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from unitrain.errors import UnitrainError
-from unitrain.infer import Runtime
+from unitrain.interface.infer import Runtime
 
 
 #: Graph operators of a quantized ExportedProgram (torchao's PT2E): activation quantization,

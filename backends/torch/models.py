@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from unitrain.models import ResNetSpec
+from unitrain.model.specs import ResNetSpec
 
 
 def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1) -> tuple[nn.Conv2d, nn.BatchNorm2d]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from unitrain.backend import decays
-from unitrain.config import OptimConfig
+from unitrain.interface.backend import decays
+from unitrain.config.schema import OptimConfig
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:

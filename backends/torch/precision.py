@@ -17,9 +17,9 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 from torch import nn
 
-from unitrain.config import AmpConfig
+from unitrain.config.schema import AmpConfig
 from unitrain.errors import BackendUnavailableError, ConfigError
-from unitrain.precision import MixedPrecision, ScaledMixedPrecision, loss_scaling_wanted, op_lists
+from unitrain.interface.precision import MixedPrecision, ScaledMixedPrecision, loss_scaling_wanted, op_lists
 
 log = logging.getLogger("unitrain")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 import torch
 import torch.profiler as tprof
 
-from unitrain.config import ProfilerConfig
-from unitrain.profiler import Tracer
+from unitrain.config.schema import ProfilerConfig
+from unitrain.interface.profiler import Tracer
 
 
 class TorchTracer(Tracer):

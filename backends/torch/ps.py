@@ -27,8 +27,8 @@ import torch.distributed as tdist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from unitrain.criteo import SPARSE_SLOTS, CtrData
-from unitrain.ps import EMBED_INIT, PsProgram, Role, tower_init
+from unitrain.data.criteo import SPARSE_SLOTS, CtrData
+from unitrain.ps.job import EMBED_INIT, PsProgram, Role, tower_init
 
 # Seconds an RPC may take before it fails: long enough for a synchronous step that waits for
 # the slowest trainer, short enough that a dead server does not hold a trainer for minutes.

@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     # Numbered by rank on this node, as paddle.distributed.launch numbers its logs.
     log_name, role = f"workerlog.{local_rank}", None
     if args.ps:
-        from unitrain.ps import role_from_env
+        from unitrain.ps.job import role_from_env
 
         role = role_from_env(args.ps[0], os.environ, int(args.ps[1]), int(args.ps[2]))
         rank = local_rank = role.rank
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     status(status="running")
 
-    from unitrain import lifeline
+    from unitrain.host import processes as lifeline
 
     # The kernel ends this worker with its parent (the launcher, or the main process), and the
     # watchdog with the main process, however either ends.
@@ -102,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from omegaconf import OmegaConf
 
-        from unitrain.backend import get_backend
-        from unitrain.config import UnitrainConfig
-        from unitrain.threads import export_threads, resolve_threads
-        from unitrain.trainer import train
+        from unitrain.interface.backend import get_backend
+        from unitrain.config.schema import UnitrainConfig
+        from unitrain.host.threads import export_threads, resolve_threads
+        from unitrain.train.trainer import train
 
         cfg = OmegaConf.merge(OmegaConf.structured(UnitrainConfig), OmegaConf.load(args.config))
         processes = cfg.dist.ps.servers + cfg.dist.ps.trainers if role else cfg.dist.nproc_per_node
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         # records that the launcher stopped this rank: take the signal back.
         signal.signal(signal.SIGTERM, on_sigterm)
         if role:
-            from unitrain.ps import run_process
+            from unitrain.ps.job import run_process
 
             run_process(cfg, run_dir, role)
         else:

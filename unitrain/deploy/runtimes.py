@@ -1,0 +1,135 @@
+"""Running an exported model: ONNX Runtime (the framework-neutral runtime), the runtimes a
+backend provides, the clock, and held-out accuracy."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from unitrain.deploy import artifacts
+from unitrain.errors import UnitrainError
+from unitrain.interface.infer import Runtime
+
+
+#: ONNX Runtime operators that compute in integers (static: QLinear*, QGemm; dynamic:
+#: ConvInteger, MatMulInteger and its fused form), and the float ones they replace.
+ORT_INT8 = {"QLinearConv", "QLinearMatMul", "QGemm", "ConvInteger", "MatMulInteger", "DynamicQuantizeMatMul"}
+
+
+
+ORT_FLOAT = {"Conv", "FusedConv", "Gemm", "FusedGemm", "MatMul", "FusedMatMul"}
+
+
+
+def onnx_kernels(op_types: List[str]) -> Dict[str, int]:
+    """Integer and float conv/linear kernels, activation quantize and weight dequantize ops."""
+    return {
+        "int8": sum(op in ORT_INT8 for op in op_types), "float": sum(op in ORT_FLOAT for op in op_types),
+        "quantize": sum(op in ("QuantizeLinear", "DynamicQuantizeLinear") for op in op_types),
+        "dequantize": op_types.count("DequantizeLinear"),
+    }  # fmt: skip
+
+
+
+def onnx_session(path: Path, threads: Optional[int], optimize: bool = True, optimized_copy: Optional[Path] = None):
+    """An ONNX Runtime session on the CPU with ``threads`` intra-op threads (None: its default)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise UnitrainError("running ONNX models needs onnxruntime, which is not installed; install it with: pip install 'unitrain[export]'") from None
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads:
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    if optimized_copy:
+        options.optimized_model_filepath = str(optimized_copy)
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+
+def run_onnx(session, images: np.ndarray) -> np.ndarray:
+    return session.run(None, {session.get_inputs()[0].name: np.ascontiguousarray(images, dtype=np.float32)})[0]
+
+
+
+class OnnxRuntime(Runtime):
+    name = "onnxruntime"
+
+    def load(self) -> None:
+        import onnx
+
+        # The graph ONNX Runtime really runs (after its fusions) is written out once and read
+        # back for the kernels it uses: QLinearConv is int8, Conv with DequantizeLinear is not.
+        with tempfile.TemporaryDirectory(prefix="unitrain-ort-") as tmp:
+            copy = Path(tmp) / "optimized.onnx"
+            self.session = onnx_session(self.path, self.threads, optimized_copy=copy)
+            self.kernels = onnx_kernels([n.op_type for n in onnx.load(str(copy)).graph.node])
+
+    def run(self, prepared):
+        return run_onnx(self.session, prepared)
+
+    def observed(self):
+        import onnxruntime as ort
+
+        options = self.session.get_session_options()
+        return {
+            "providers": self.session.get_providers(),  # the ones the session really uses
+            "graph_optimization_level": str(options.graph_optimization_level).split(".")[-1],
+            "intra_op_threads": options.intra_op_num_threads,
+            "kernels": self.kernels,
+            "version": ort.__version__,
+        }
+
+
+
+def runtimes_for(artifact: artifacts.Artifact, threads: int) -> List[Runtime]:
+    if artifact.format == "onnx":
+        return [OnnxRuntime(artifact.path, threads)]
+    from unitrain.interface.backend import capability, get_backend
+
+    backend = get_backend(artifact.framework)
+    backend.set_threads(threads)
+    return capability(backend, "infer").runtimes(artifact.path, threads)
+
+
+
+# --- the clock --------------------------------------------------------------------------------
+def time_runtime(runtime: Runtime, images: np.ndarray, warmup: int, min_iters: int, min_time_s: float) -> Dict[str, float]:
+    """Latency percentiles and throughput of ``runtime`` on one batch; warm-up not counted."""
+    prepared = runtime.prepare(images)
+    started = time.perf_counter()
+    for _ in range(warmup):
+        runtime.run(prepared)
+    warmup_s = time.perf_counter() - started
+    times: List[float] = []
+    begin = time.perf_counter()
+    while len(times) < min_iters or (time.perf_counter() - begin < min_time_s and len(times) < 10_000):
+        t0 = time.perf_counter()
+        runtime.run(prepared)
+        times.append(time.perf_counter() - t0)
+    ms = np.array(times) * 1e3
+    return {
+        "p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)), "p99_ms": float(np.percentile(ms, 99)),
+        "iters": len(times), "throughput_ips": float(len(images) * len(times) / (ms.sum() / 1e3)), "warmup_s": round(warmup_s, 3),
+    }  # fmt: skip
+
+
+
+def accuracy(runtime: Runtime, dataset, samples: int, batch: int, fixed: bool) -> Dict[str, float]:
+    """Top-1 over the first ``samples`` held-out samples, in batches of ``batch``; a fixed-batch
+    artifact gets its last batch padded (the padding is not counted)."""
+    correct = 0
+    for start in range(0, samples, batch):
+        indices = list(range(start, min(start + batch, samples)))
+        images, labels = artifacts.stack(dataset, indices)
+        if fixed and len(indices) < batch:
+            images = np.concatenate([images, np.zeros((batch - len(indices), *images.shape[1:]), np.float32)])
+        logits = runtime.run(runtime.prepare(images))[: len(indices)]
+        correct += int((np.asarray(logits).argmax(1) == labels).sum())
+    return {"top1": correct / samples, "samples": samples}
+

@@ -1,0 +1,45 @@
+"""Initial weights drawn once in NumPy (``model.init=shared``), the same for every framework.
+
+The scheme is the one both backends apply with their own RNGs (Kaiming-normal fan-out convs,
+unit BatchNorm, the last BatchNorm of each residual branch zeroed, PyTorch's default uniform
+Linear), so a shared run differs from a framework-initialised one only in the random draws.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Dict, Tuple
+
+import numpy as np
+
+from unitrain.model.specs import ResNetSpec
+
+Arrays = Dict[str, np.ndarray]
+
+
+def shared_init(shapes: Dict[str, Tuple[int, ...]], spec: ResNetSpec, seed: int, zero_init_residual: bool = True) -> Arrays:
+    """Canonical (PyTorch-layout) arrays for a model whose canonical names and shapes are given."""
+    rng = np.random.default_rng((seed, 2))  # stream 2: not the data's streams 0 and 1
+    last_bn = "bn3" if spec.block == "bottleneck" else "bn2"
+    out: Arrays = {}
+    for name in sorted(shapes):  # a fixed order, so the draws do not depend on dict order
+        shape = shapes[name]
+        if name.endswith("num_batches_tracked"):
+            out[name] = np.array(0, dtype=np.int64)
+        elif len(shape) == 4:  # conv: Kaiming normal, fan-out, ReLU gain
+            fan_out = shape[0] * shape[2] * shape[3]
+            out[name] = rng.normal(0.0, math.sqrt(2.0 / fan_out), shape).astype(np.float32)
+        elif name.startswith("fc."):  # Linear: U(-1/sqrt(in), 1/sqrt(in)), as torch.nn.Linear
+            bound = 1.0 / math.sqrt(shapes["fc.weight"][1])
+            out[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+        elif name.endswith(("running_mean", ".bias")):
+            out[name] = np.zeros(shape, np.float32)
+        elif name.endswith("running_var"):
+            out[name] = np.ones(shape, np.float32)
+        elif name.endswith(".weight"):  # BatchNorm scale
+            zero = zero_init_residual and re.search(rf"layer\d+\.\d+\.{last_bn}\.weight$", name)
+            out[name] = np.zeros(shape, np.float32) if zero else np.ones(shape, np.float32)
+        else:
+            raise ValueError(f"no initialiser for {name} {shape}")
+    return out

@@ -1,0 +1,290 @@
+"""Parameter-server training (``dist.mode=ps``): wide&deep on Criteo-format rows.
+
+Servers hold the parameters (above all the sparse embedding tables); trainers read disjoint
+shards, push gradients and pull parameters. The frameworks' own engines do the work (Paddle
+Fleet's parameter server, PyTorch's torch.distributed.rpc), each behind a backend module
+``backends/<name>/ps.py`` that builds a :class:`PsProgram` for one process. This module is the
+framework-neutral rest: the roles, the data each trainer reads, the training loop, the metrics
+(AUC, log loss, examples/s) computed identically for both, and the summary.
+
+The process layout is the same on both frameworks: ``dist.ps.servers`` servers then
+``dist.ps.trainers`` trainers, global ranks 0..S-1 and S..S+T-1. ``servers=0`` is the baseline:
+one trainer, no servers, the same model trained in one process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import statistics
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from unitrain.host import machine
+from unitrain.data.criteo import DENSE_FEATURES, HELD_OUT, SPARSE_SLOTS, CtrData, auc, log_loss, read_tsv, synthetic
+from unitrain.errors import UnitrainError
+
+log = logging.getLogger("unitrain")
+
+#: Rows of data=criteo_synthetic when data.num_samples / data.val_samples are unset.
+DEFAULT_ROWS, DEFAULT_HELD_OUT = 20_000, 4_000
+#: Steps left out of examples/s: the first pulls create the servers' table rows.
+WARMUP_STEPS = 2
+RESULTS = "ps"  # per-trainer results, <run_dir>/ps/trainer<i>.json
+#: Embedding rows start uniform in +-EMBED_INIT on both frameworks (Paddle's servers draw a row
+#: when it is first pulled, so only the scheme, not the draws, can be shared).
+EMBED_INIT = 0.01
+
+
+def tower_init(cfg) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """The dense part's initial weights, drawn once in NumPy so that both frameworks start from
+    the same ones: each deep layer, the output layer, then the wide part's linear term on the
+    dense features. Weights are [in, out] (Paddle's layout; torch transposes), drawn as
+    torch.nn.Linear draws them, U(-1/sqrt(in), 1/sqrt(in))."""
+    rng = np.random.default_rng((cfg.trainer.seed, 3))  # stream 3: not the data's or the ResNets'
+    widths = [DENSE_FEATURES + SPARSE_SLOTS * cfg.model.embedding_dim, *cfg.model.hidden_layers, 1]
+    layers = [(widths[i], widths[i + 1]) for i in range(len(widths) - 1)] + [(DENSE_FEATURES, 1)]
+    out = []
+    for fan_in, fan_out in layers:
+        bound = 1.0 / math.sqrt(fan_in)
+        out.append((rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32), rng.uniform(-bound, bound, fan_out).astype(np.float32)))
+    return out
+
+
+@dataclass(frozen=True)
+class Role:
+    kind: str  # "server" or "trainer"
+    index: int
+    servers: int
+    trainers: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} {self.index}"
+
+    @property
+    def rank(self) -> int:
+        """Global rank: servers first, as torchrun's ranks are laid out."""
+        return self.index if self.kind == "server" else self.servers + self.index
+
+    @property
+    def log_file(self) -> str:
+        # Named as paddle.distributed.launch names them in parameter-server mode.
+        return f"{'serverlog' if self.kind == 'server' else 'workerlog'}.{self.index}"
+
+
+def role_from_env(backend: str, env: Mapping[str, str], servers: int, trainers: int) -> Role:
+    """This process's role, read from what the framework's launcher set."""
+    if servers == 0:
+        return Role("trainer", 0, 0, 1)
+    if backend == "paddle":
+        # paddle.distributed.launch: TRAINING_ROLE, and for a server its endpoint's place in
+        # the server list; for a trainer PADDLE_TRAINER_ID.
+        if env.get("TRAINING_ROLE") == "PSERVER":
+            endpoint = f"{env.get('POD_IP', '127.0.0.1')}:{env.get('PADDLE_PORT', '')}"
+            endpoints = env.get("PADDLE_PSERVERS_IP_PORT_LIST", "").split(",")
+            return Role("server", endpoints.index(endpoint) if endpoint in endpoints else 0, servers, trainers)
+        return Role("trainer", int(env.get("PADDLE_TRAINER_ID", "0")), servers, trainers)
+    rank = int(env.get("RANK", "0"))
+    return Role("server", rank, servers, trainers) if rank < servers else Role("trainer", rank - servers, servers, trainers)
+
+
+class PsProgram(ABC):
+    """One process of a parameter-server job, as a backend builds it (``build(cfg, role)``)."""
+
+    def run_server(self) -> None:
+        """Serve parameters until the trainers are done (servers only)."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def train_batch(self, batch: CtrData) -> float:
+        """One step on ``batch``: forward, backward, push gradients, pull parameters; the loss."""
+
+    @abstractmethod
+    def predict(self, batch: CtrData) -> np.ndarray:
+        """Click probabilities for ``batch`` with the current parameters, without training."""
+
+    def end_training(self) -> None:
+        """After a trainer's last step: wait for the other trainers, so that what is evaluated
+        next is the job's final model."""
+
+    def observed(self) -> Dict[str, Any]:
+        """What the framework reports it ran (mode, traffic), read back from it."""
+        return {}
+
+    def close(self) -> None:
+        """Leave the job: stop the worker side, shut the RPC agent down."""
+
+
+def load_data(cfg, held_out: bool) -> Tuple[CtrData, Optional[CtrData]]:
+    """The training rows (all of them; each trainer takes its shard) and, when asked, the
+    held-out rows; the dense features standardized with the training rows' mean and spread
+    (log counts sit around 0-8: plain SGD crawls on them uncentred)."""
+    train, val = _read_rows(cfg, held_out)
+    mean, std = train.dense.mean(axis=0), train.dense.std(axis=0) + 1e-6
+    for rows in (train, val):
+        if rows is not None:
+            rows.dense = ((rows.dense - mean) / std).astype(np.float32)
+    return train, val
+
+
+def _read_rows(cfg, held_out: bool) -> Tuple[CtrData, Optional[CtrData]]:
+    buckets, data = cfg.model.sparse_buckets, cfg.data
+    if data.name == "criteo_synthetic":
+        train = synthetic(data.num_samples or DEFAULT_ROWS, cfg.trainer.seed, buckets)
+        val = synthetic(data.val_samples or DEFAULT_HELD_OUT, cfg.trainer.seed, buckets, HELD_OUT) if held_out else None
+        return train, val
+    if data.num_samples is None:
+        rows = read_tsv(data.path, buckets)
+        if data.val_samples >= len(rows):
+            raise UnitrainError(f"data.val_samples={data.val_samples} is not allowed: fewer than the {len(rows)} rows of {data.path}")
+        cut = len(rows) - data.val_samples
+        return rows.rows(slice(0, cut)), (rows.rows(slice(cut, None)) if held_out and data.val_samples else None)
+    train = read_tsv(data.path, buckets, limit=data.num_samples)
+    val = read_tsv(data.path, buckets, skip=data.num_samples, limit=data.val_samples) if held_out and data.val_samples else None
+    return train, val
+
+
+def evaluate(program: PsProgram, rows: CtrData, batch_size: int) -> Dict[str, float]:
+    started = time.perf_counter()
+    probabilities = np.concatenate([program.predict(rows.rows(slice(i, i + batch_size))) for i in range(0, len(rows), batch_size)])
+    return {"val_auc": auc(rows.label, probabilities), "val_logloss": log_loss(rows.label, probabilities), "eval_s": time.perf_counter() - started}
+
+
+def train(cfg, program: PsProgram, role: Role, run_dir: Path, describe: Dict[str, Any]) -> Dict[str, Any]:
+    """The loop of one trainer; trainer 0 also evaluates and writes metrics.jsonl."""
+    first = role.index == 0
+    rows, held_out = load_data(cfg, held_out=first)
+    shard = rows.shard(role.index, role.trainers)
+    batch_size = cfg.trainer.batch_size
+    # Every trainer takes as many steps as the smallest shard allows: sync mode meets at a
+    # barrier each step, and a trainer with one more batch would wait there for ever.
+    smallest = len(rows) // role.trainers
+    steps_per_epoch = min(smallest // batch_size, cfg.trainer.steps or smallest)
+    if steps_per_epoch == 0:
+        raise UnitrainError(f"trainer.batch_size={batch_size} is not allowed: more than the {len(shard)} rows of {role.name}'s shard")
+    total = steps_per_epoch * cfg.trainer.epochs
+    metrics = open(run_dir / "metrics.jsonl", "w", encoding="utf-8") if first else None
+    records: List[Dict[str, float]] = []
+    evals: List[Dict[str, float]] = []
+    started, eval_time = time.perf_counter(), 0.0
+    log.info("%s: %d rows (%.1f%% clicks), %d steps of %d", role.name, len(shard), 100 * shard.positive_rate, total, batch_size)
+    step = 0
+    try:
+        for epoch in range(cfg.trainer.epochs):
+            for _, batch in zip(range(steps_per_epoch), shard.batches(batch_size)):
+                tick = time.perf_counter()
+                loss = program.train_batch(batch)
+                cost = time.perf_counter() - tick
+                step += 1
+                if not math.isfinite(loss):
+                    raise UnitrainError(f"the loss is {loss} at step {step} on {role.name}; lower optim.lr ({cfg.optim.lr:g})")
+                record = {"step": step, "epoch": epoch, "loss": loss, "batch_cost": cost, "ips": batch_size / cost}
+                records.append(record)
+                if metrics:
+                    metrics.write(json.dumps(record) + "\n")
+                    metrics.flush()
+                if step % cfg.trainer.log_every == 0 or step == total:
+                    log.info("%s step %d/%d  loss %.4f  %.0f examples/s", role.name, step, total, loss, record["ips"])
+                if held_out is not None and cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step < total:
+                    result = evaluate(program, held_out, cfg.trainer.eval_batch_size)
+                    eval_time += result["eval_s"]
+                    evals.append({"step": step, **result, "elapsed_s": time.perf_counter() - started})
+                    _write_eval(metrics, evals[-1], role)
+        train_time = time.perf_counter() - started - eval_time
+        program.end_training()
+        if held_out is not None:
+            result = evaluate(program, held_out, cfg.trainer.eval_batch_size)
+            evals.append({"step": step, **result, "elapsed_s": time.perf_counter() - started})
+            _write_eval(metrics, evals[-1], role)
+    finally:
+        if metrics:
+            metrics.close()
+    timed = [r["ips"] for r in records[WARMUP_STEPS:]] or [r["ips"] for r in records]
+    result = {
+        "role": role.name,
+        **describe,
+        "rows": len(shard),
+        "steps": step,
+        "examples_per_s": statistics.median(timed),
+        # All rows over all the time the loop took, stalls included.
+        "examples_per_s_overall": step * batch_size / train_time if train_time > 0 else None,
+        "train_time_s": train_time,
+        "final_loss": statistics.fmean(r["loss"] for r in records[-10:]),
+        "first_loss": records[0]["loss"],
+        "eval": evals[-1] if evals else None,
+        "observed": program.observed(),
+    }
+    folder = run_dir / RESULTS
+    folder.mkdir(exist_ok=True)
+    (folder / f"trainer{role.index}.json").write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _write_eval(metrics, record: Dict[str, float], role: Role) -> None:
+    log.info("%s held-out at step %d: AUC %.4f  log loss %.4f", role.name, record["step"], record["val_auc"], record["val_logloss"])
+    if metrics:
+        metrics.write(json.dumps(record) + "\n")
+        metrics.flush()
+
+
+def run_process(cfg, run_dir: Path, role: Role) -> None:
+    """What each process of the job runs (entry/worker.py calls it): serve, or train."""
+    from unitrain.interface.backend import capability, get_backend
+
+    backend = get_backend(cfg.backend.name)
+    backend.set_threads(cfg.trainer.threads)
+    backend.seed(cfg.trainer.seed)
+    program = capability(backend, "ps").build(cfg, role)
+    try:
+        if role.kind == "server":
+            program.run_server()
+        else:
+            train(cfg, program, role, run_dir, backend.describe())
+    finally:
+        program.close()
+
+
+def summarize(cfg, run_dir: Path, wall: float) -> Dict[str, Any]:
+    """summary.json of the job, from every trainer's result (the main process writes it)."""
+    ps = cfg.dist.ps
+    results = []
+    for i in range(ps.trainers):
+        path = run_dir / RESULTS / f"trainer{i}.json"
+        if not path.exists():
+            raise UnitrainError(f"trainer {i} ended without writing its results ({path}); see workerlog.{i} in {run_dir}")
+        results.append(json.loads(path.read_text()))
+    first = results[0]
+    summary = {
+        "kind": "ps",
+        **{key: first[key] for key in ("backend", "framework", "version", "threads")},
+        "model": cfg.model.name,
+        "data": cfg.data.name,
+        "mode": "local" if ps.servers == 0 else ps.sync,
+        "servers": ps.servers,
+        "trainers": ps.trainers,
+        "geo_k_steps": ps.geo_k_steps if ps.sync == "geo" and ps.servers else None,
+        "optimizer": cfg.optim.name,
+        "lr": cfg.optim.lr,
+        "batch_size": cfg.trainer.batch_size,
+        "seed": cfg.trainer.seed,
+        "rows": sum(r["rows"] for r in results),
+        "steps": first["steps"],
+        "examples_per_s_per_trainer": [r["examples_per_s"] for r in results],
+        "examples_per_s": sum(r["examples_per_s"] for r in results),
+        "examples_per_s_overall": sum(r["examples_per_s_overall"] or 0 for r in results),
+        "first_loss": first["first_loss"],
+        "final_loss": statistics.fmean(r["final_loss"] for r in results),
+        "eval": first["eval"],
+        "observed": first["observed"],
+        "wall_time_s": wall,
+        "cpu": machine.cpu(),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary

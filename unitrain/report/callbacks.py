@@ -1,0 +1,39 @@
+"""Hydra callbacks: the comparison report at the end of a multirun (training or quantization)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig
+
+from unitrain.report.training import write_report
+
+
+class ComparisonReport(Callback):
+    """After a sweep: one table of every job, printed, plus comparison.md, plots and report.html."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not list(sweep_dir.rglob("summary.json")):
+            return
+        table = write_report([sweep_dir])
+        print(f"\n{table}\n\nreport: {sweep_dir / 'report.html'}", flush=True)
+
+
+class QuantizationReport(Callback):
+    """After a ``python -m unitrain.quantize -m`` sweep: one table of every job, printed and
+    written as quantize.md in the sweep directory."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from unitrain.report.quantize import combined_markdown, plot, results
+
+        sweep_dir = Path(config.hydra.sweep.dir)
+        found = results([sweep_dir])
+        if found:
+            reports = [report for _, report in found]
+            text = combined_markdown(reports)
+            (sweep_dir / "quantize.md").write_text(text + "\n")
+            plot([row for r in reports for row in r["rows"]], reports[0]["batches"], sweep_dir / "quantize.png")
+            print(f"\n{text}\n\ntable: {sweep_dir / 'quantize.md'}", flush=True)

@@ -1,0 +1,159 @@
+"""The quantization table: one row per artifact and runtime, set against the fp32 artifact in
+the same runtime, with an ``effective`` column read from the kernels each runtime reported
+(never from the method); ``quantize.json`` files found again for sweeps and the comparison report."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from unitrain.host.machine import describe_cpu
+
+RESULT = "quantize.json"
+
+
+def effective(kernels: Optional[Dict[str, int]]) -> str:
+    """What ran, from the kernel counts a runtime observed: ``int8`` integer conv/linear kernels,
+    ``float`` float ones, ``quantize`` activation (fake-)quantization ops, ``dequantize`` weight
+    dequantization ops."""
+    if not kernels:
+        return "unknown (the runtime reports no kernels)"
+    int8, flt = kernels.get("int8", 0), kernels.get("float", 0)
+    if int8:
+        return "int8 kernels" + (f" ({int8} of {int8 + flt} conv/linear)" if flt else "")
+    if kernels.get("quantize", 0):
+        return "simulated (fake-quant, fp32 kernels)"
+    if kernels.get("dequantize", 0):
+        return "int8 weights, fp32 compute"
+    return "fp32"
+
+
+def table(rows: List[Dict[str, Any]], sizes: Dict[str, int], methods: Dict[str, str]) -> List[Dict[str, Any]]:
+    """One row per artifact and runtime, set against the fp32 artifact of the same format in
+    the same runtime; ``methods`` names the quantized artifacts' methods (the rest are fp32)."""
+    out = []
+    for r in rows:
+        precision = methods.get(r["name"], "fp32")
+        out.append({
+            "precision": precision, "framework": r["framework"], "format": r["format"], "runtime": r["runtime"], "file": r["name"],
+            "bytes": sizes.get(r["name"]), "top1": r.get("accuracy", {}).get("top1"), "latency": r.get("latency", {}),
+            "effective": effective(r.get("observed", {}).get("kernels")) if "error" not in r else f"FAILED: {r['error']}",
+            "kernels": r.get("observed", {}).get("kernels"), "baseline_runtime": r.get("baseline_runtime", r["runtime"]),
+        })  # fmt: skip
+    for row in out:
+        base = next((b for b in out if b["precision"] == "fp32" and b["format"] == row["format"] and b["runtime"] == row["baseline_runtime"]), None)
+        row["size_vs_fp32"] = row["bytes"] / base["bytes"] if base and row["bytes"] and base["bytes"] else None
+        row["top1_delta_points"] = 100 * (row["top1"] - base["top1"]) if base and row["top1"] is not None and base["top1"] is not None else None
+        row["speedup"] = {
+            b: base["latency"][b]["p50_ms"] / v["p50_ms"] for b, v in row["latency"].items() if base and b in base.get("latency", {})
+        }  # fmt: skip
+    return out
+
+
+def results(dirs) -> List[Tuple[Path, Dict[str, Any]]]:
+    """Every ``quantize.json`` in or under ``dirs`` (a run, a multirun), oldest path first."""
+    found = []
+    for f in sorted({f.resolve() for d in map(Path, dirs) for f in Path(d).rglob(RESULT)}):
+        try:
+            report = json.loads(f.read_text())
+            report["rows"], report["settings"], report["cpu"]
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            print(f"unitrain: warning: skipping {f}: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+            continue
+        found.append((f, report))
+    return found
+
+
+def combined_rows(reports: List[Dict[str, Any]]) -> List[Dict[str, str]]:
+    """The table rows of several quantize runs (a multirun over methods and backends); an fp32
+    row that several runs measured is shown once, from the first."""
+    rows, seen = [], set()
+    for report in reports:
+        for row in table_markdown_rows(report):
+            key = (row["framework"], row["precision"], row["runtime"], row["file"])
+            if key not in seen:
+                seen.add(key)
+                rows.append(row)
+    return rows
+
+
+def combined_markdown(reports: List[Dict[str, Any]]) -> str:
+    runs = ", ".join(sorted({r["framework"] + " " + r["method"] for r in reports}))
+    return markdown(reports[0], combined_rows(reports)) + f"\n\nRuns: {len(reports)} ({runs})."
+
+
+def table_markdown_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
+    small, large = str(min(report["batches"])), str(max(report["batches"]))
+    rows = []
+    for r in report["rows"]:
+        b1, bn = r["latency"].get(small), r["latency"].get(large)
+        rows.append({
+            "framework": r["framework"], "precision": r["precision"], "runtime": r["runtime"], "file": r["file"],
+            "MB": f"{r['bytes'] / 1e6:.1f}" if r["bytes"] else "-",
+            "size vs fp32": f"{r['size_vs_fp32']:.0%}" if r["size_vs_fp32"] else "-",
+            "held-out top-1": f"{r['top1']:.4f}" if r["top1"] is not None else "-",
+            "vs fp32 (points)": f"{r['top1_delta_points']:+.2f}" if r["top1_delta_points"] is not None else "-",
+            f"p50 ms (batch {small})": f"{b1['p50_ms']:.2f}" if b1 else "-",
+            f"img/s (batch {large})": f"{bn['throughput_ips']:.0f}" if bn else "-",
+            f"speed-up (batch {large})": f"{r['speedup'][large]:.2f}x" if large in r["speedup"] else "-",
+            "effective": r["effective"],
+        })  # fmt: skip
+    return rows
+
+
+def markdown(report: Dict[str, Any], rows: Optional[List[Dict[str, str]]] = None) -> str:
+    from unitrain.report.tables import markdown as md_table
+
+    rows = table_markdown_rows(report) if rows is None else rows
+    s = report["settings"]
+    calibration = f"{s['calib_batch_size'] * s['calib_batches']} training images" if s["calib_batches"] else "none"
+    if report["method"] == "qat":
+        q = s["qat"]
+        held = f", fake-quant held-out top-1 {q['held_out']['val_top1']:.4f}" if q.get("held_out") else ""
+        how = f"fine-tuned {q['steps']} steps at lr {q['lr']:g} with fake quantization (final loss {q['final_loss']:.4f}{held}; ONNX Runtime row: static PTQ)"
+    else:
+        how = f"calibration: {calibration}"
+    return (
+        md_table(rows)
+        + f"\n\n{report['method']} quantization in {report['framework']} of {report['source']['framework']} {report['source']['model']} step "
+        f"{report['source']['step']}; {how}; reduce_range (7-bit activations, where honoured): {s['reduce_range']}. Made by: "
+        + "; ".join(f"{name}: {by}" for name, by in report.get("made_by", {}).items())
+        + f". Held-out top-1 over {report['held_out']} samples; {report['threads']} thread(s) "
+        f"for every runtime. CPU: {describe_cpu(report['cpu'], {})} "
+        f"(int8 is fast with VNNI or AMX). `effective` is read from the kernels each runtime ran, not from the method."
+    )
+
+
+def plot(rows: List[Dict[str, Any]], batches: List[int], path: Path) -> Path:
+    """Held-out top-1 against throughput at the largest batch, one point per artifact and
+    runtime; marker area by file size, filled where int8 kernels ran, hollow where not."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    large = str(max(batches))
+    colors = {"fp32": "#555555", "dynamic": "#1f77b4", "static": "#2ca02c", "qat": "#d62728"}
+    unique = {(r["framework"], r["precision"], r["runtime"], r["file"]): r for r in reversed(rows)}  # a sweep measures fp32 in every job
+    points = [r for r in unique.values() if r["top1"] is not None and large in r["latency"]]
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    biggest = max([r["bytes"] or 1 for r in points] or [1])
+    for r in points:
+        int8 = r["effective"].startswith("int8 kernels")
+        color = colors.get(r["precision"], "grey")
+        ax.scatter(r["latency"][large]["throughput_ips"], r["top1"], s=30 + 400 * (r["bytes"] or 0) / biggest,
+                   facecolors=color if int8 else "none", edgecolors=color, marker="o" if r["framework"] == "torch" else "s")  # fmt: skip
+        ax.annotate(f"{r['framework']} {r['runtime'].split(' (')[0]}", (r["latency"][large]["throughput_ips"], r["top1"]), fontsize=6,
+                    xytext=(4, 2), textcoords="offset points")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xlabel(f"throughput at batch {large} (images/s, log scale)")
+    ax.set_ylabel("held-out top-1")
+    handles = [plt.Line2D([], [], marker="o", ls="", color=c, label=m) for m, c in colors.items()]
+    ax.legend(handles=handles, title="method", fontsize=8)
+    ax.set_title("quantization: colour = method, circle torch / square paddle, area = file size, filled = int8 kernels ran", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,197 @@
+"""Checkpoints: written atomically, read back exactly, refused clearly when they do not fit.
+
+A checkpoint is a directory ``<run dir>/checkpoints/step<N>/`` holding
+  model.npz         every parameter and buffer as NumPy, in the framework's own names;
+  training_state    optimizer, loss scaler (and O2 master weights), RNG states, in the
+                    framework's own format (torch.save / paddle.save);
+  meta.json         framework, model, step, epoch and the resolved config.
+It is written into a hidden temporary directory and renamed into place, then ``latest`` is
+replaced (also by rename): a crash mid-write never leaves a half checkpoint as the latest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import zipfile
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional
+
+import numpy as np
+
+from unitrain.errors import UnitrainError
+from unitrain.model.weights import convert
+
+log = logging.getLogger("unitrain")
+
+FORMAT = 1
+
+
+class CheckpointError(UnitrainError):
+    """A checkpoint that cannot be used here; nothing was changed."""
+
+
+def save_checkpoint(run_dir: Path, step: int, epoch: int, backend, model, optimizer, precision, config: Dict[str, Any]) -> Path:
+    root = Path(run_dir) / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final, tmp = root / f"step{step}", root / f".tmp-step{step}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    np.savez(tmp / "model.npz", **backend.state_arrays(model))
+    backend.save_training_state(tmp / "training_state", optimizer, {"precision": precision.state_dict()})
+    meta = {"format": FORMAT, "framework": backend.name, "model": config["model"]["name"], "step": step, "epoch": epoch, "time": time.time(), "config": config}
+    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    if final.exists():  # the same step saved again (a re-run into the same directory)
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    latest_tmp = root / f".latest-{os.getpid()}"
+    latest_tmp.write_text(final.name)
+    os.replace(latest_tmp, root / "latest")
+    return final
+
+
+def _resolve(path: Path) -> Path:
+    """A checkpoint directory, or the latest one of a run directory or its checkpoints/ folder."""
+    for folder in (path / "checkpoints", path):
+        if (folder / "latest").is_file():
+            return folder / (folder / "latest").read_text().strip()
+    return path
+
+
+def checkpoint_run_dir(path: Path) -> Path:
+    """The run directory that wrote checkpoint ``path`` (``<run>/checkpoints/step<N>``)."""
+    path = Path(path).resolve()
+    return path.parent.parent if path.parent.name == "checkpoints" else path.parent
+
+
+def _step_dirs(root: Path) -> List[Path]:
+    found = [(int(m.group(1)), p) for p in root.glob("step*") if p.is_dir() and (m := re.fullmatch(r"step(\d+)", p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def clean_partial_checkpoints(run_dir: Path) -> None:
+    """Remove what a write killed part-way left behind (hidden temporary directories and files):
+    nothing refers to them, and each can be as large as a checkpoint."""
+    root = Path(run_dir) / "checkpoints"
+    leftovers = [p for p in root.glob(".tmp-*")] + [p for p in root.glob(".latest-*")] + [p for p in root.glob(".old-*")]
+    for p in leftovers:
+        shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    if leftovers:
+        log.info("removed %d partly written checkpoint(s) left in %s by an interrupted run", len(leftovers), root)
+
+
+def prune_checkpoints(run_dir: Path, keep: int) -> None:
+    """Keep the newest ``keep`` checkpoints (0: all); the one ``latest`` names always stays.
+
+    A checkpoint is renamed to a hidden name before it is deleted, so that a crash part-way
+    never leaves a half-deleted directory that looks like a checkpoint."""
+    root = Path(run_dir) / "checkpoints"
+    if keep <= 0 or not root.is_dir():
+        return
+    latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else None
+    for old in _step_dirs(root)[:-keep]:
+        if old.name == latest:
+            continue
+        doomed = root / f".old-{old.name}-{os.getpid()}"
+        os.replace(old, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+
+
+def find_checkpoint(
+    spec: str, search: Iterable[Path], exclude: Path | None = None, key: str = "trainer.resume", fits: Optional[Dict[str, str]] = None
+) -> Path:
+    """A checkpoint from a path (checkpoint or run directory) or ``latest``: the newest under
+    ``search`` whose meta matches ``fits`` (framework and model), so that ``latest`` never
+    picks a checkpoint this job cannot continue."""
+    search = list(search)
+    if spec != "latest":
+        path = _resolve(Path(spec))
+        if not (path / "meta.json").exists():
+            raise CheckpointError(
+                f"{key}={spec!r} is not a checkpoint: {path} has no meta.json; allowed: a checkpoint directory, "
+                "a run directory with checkpoints/" + (", or latest" if search else "")
+            )
+        return path
+    where = ", ".join(map(str, search)) or "(nowhere to look)"
+    candidates = [
+        f.parent / f.read_text().strip()
+        for root in search
+        if root.exists()
+        for f in root.rglob("checkpoints/latest")
+        if exclude is None or Path(exclude).resolve() not in f.resolve().parents
+    ]
+    candidates = [c for c in candidates if (c / "meta.json").exists()]
+    if not candidates:
+        raise CheckpointError(f"{key}=latest: no checkpoint under {where}; allowed: a checkpoint directory, a run directory, or latest")
+    fitting = [c for c in candidates if _meta_fits(c, fits)]
+    if not fitting:
+        wanted = ", ".join(f"{k}={v}" for k, v in (fits or {}).items())
+        raise CheckpointError(
+            f"{key}=latest: none of the {len(candidates)} checkpoint(s) under {where} fits {wanted}; "
+            "name a checkpoint directory to resume another framework's checkpoint (its weights are converted)"
+        )
+    return max(fitting, key=lambda c: (c / "meta.json").stat().st_mtime)
+
+
+def _meta_fits(path: Path, fits: Optional[Dict[str, str]]) -> bool:
+    if not fits:
+        return True
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return all(meta.get(k) == v for k, v in fits.items())
+
+
+def read_meta(path: Path) -> Dict[str, Any]:
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint {path} is unreadable: meta.json: {err}") from None
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(f"checkpoint {path} has format {meta.get('format')!r}; this unitrain reads format {FORMAT}")
+    return meta
+
+
+def read_model_arrays(path: Path) -> Dict[str, np.ndarray]:
+    try:
+        with np.load(path / "model.npz") as f:
+            return {k: f[k] for k in f.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as err:
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated: model.npz: {err}") from None
+
+
+def load_checkpoint(path: Path, backend, model_name: str, model, optimizer, precision) -> Dict[str, Any]:
+    """Check that ``path`` fits, then restore model, optimizer, precision and RNG states."""
+    meta = read_meta(path)
+    if meta["model"] != model_name:
+        raise CheckpointError(f"checkpoint {path} holds model={meta['model']}, not model={model_name}")
+    arrays = read_model_arrays(path)
+    foreign = meta["framework"] != backend.name
+    if foreign:
+        # unitrain.state converts weights between the frameworks exactly; the optimizer's
+        # buffers, the loss scaler and RNG states are in the writer's own format and do not.
+        arrays = convert(arrays, meta["framework"], backend.name)
+    try:
+        backend.load_state_arrays(model, arrays)
+    except UnitrainError as err:
+        raise CheckpointError(f"checkpoint {path}: {err}") from None
+    if foreign:
+        log.warning(
+            "checkpoint %s was written by %s: its weights were converted to %s exactly; its optimizer state "
+            "(momentum), loss scaler and RNG states do not carry across frameworks and start fresh",
+            path, meta["framework"], backend.name,
+        )  # fmt: skip
+        return meta
+    try:
+        extra = backend.load_training_state(path / "training_state", optimizer)
+    except UnitrainError:
+        raise
+    except Exception as err:  # noqa: BLE001 - framework loaders raise anything on a bad file
+        raise CheckpointError(f"checkpoint {path} is corrupt or truncated: training_state: {type(err).__name__}: {err}") from None
+    precision.load_state_dict(extra.get("precision", {}))
+    return meta
