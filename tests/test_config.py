@@ -7,6 +7,7 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
+from unitrain.launch import preflight
 from unitrain.launch.hydra import check_group_choices, group_options
 from unitrain.config.schema import register_configs
 from unitrain.config.validation import validate
@@ -97,10 +98,8 @@ def test_wrong_type_fails_at_compose():
         ("optim.lr=0", "optim.lr"),
         ("optim.lr=-0.1", "optim.lr"),
         ("trainer.batch_size=0", "trainer.batch_size"),
-        ("amp.dtype=float8", "amp.dtype"),
         ("model.name=vgg", "model.name"),
         ("data.num_workers=-1", "data.num_workers"),
-        ("profiler.mode=verbose", "profiler.mode"),
     ],
 )
 def test_validate_names_the_key_and_what_is_allowed(override, key):
@@ -108,6 +107,27 @@ def test_validate_names_the_key_and_what_is_allowed(override, key):
         validate(make(override))
     message = str(err.value)
     assert message.startswith(key + "=") and "allowed" in message and "\n" not in message
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("amp.dtype=float8", "amp.dtype='float8' is not allowed: one of float16, bfloat16"),
+        ("profiler.mode=verbose", "profiler.mode='verbose' is not allowed: one of off, timer, trace"),
+        ("dist.ps.sync=eventually", "dist.ps.sync='eventually' is not allowed: one of sync, async, geo"),
+        ("trainer.loggers=[wandb]", "trainer.loggers='wandb' is not allowed: one of tensorboard, visualdl"),
+    ],
+)
+def test_a_choice_outside_its_set_is_refused_at_compose_in_one_line(override, message):
+    with pytest.raises(preflight.PreflightError) as err:
+        preflight.check([override], "unitrain.conf", "config")
+    assert str(err.value) == message
+
+
+def test_choices_read_and_write_as_their_strings():
+    cfg = make("amp=O2", "dist.ps.sync=async", "data.order=global")
+    assert cfg.amp.level == "O2" and f"{cfg.amp.level}" == "O2" and str(cfg.dist.ps.sync) == "async"
+    assert repr(cfg.data.order) == "'global'" and {"global": 1}[cfg.data.order] == 1
 
 
 def test_group_choice_check_lists_options():

@@ -49,7 +49,7 @@ FRAMEWORK_NOISE = ("topology.py", "is not in group", "warnings.warn", "FLAGS", "
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_two_workers_equal_one_worker_with_the_doubled_batch(backend, tmp_path):
-    from unitrain.launch.supervise import free_port
+    from unitrain.host.ports import free_port
 
     common = [f"backend={backend}", *FAST, *EXACT, "trainer.steps=4", "trainer.batch_size=16"]
     one = run_unitrain(common, tmp_path / "one")
@@ -227,7 +227,7 @@ def test_multirun_over_both_backends_in_data_parallel(tmp_path):
 def test_two_nodes_on_loopback(backend, tmp_path):
     # The README's two-machine command, with both "machines" on this one: each main process
     # starts its node's launcher, and the nodes meet at dist.master_addr:dist.master_port.
-    from unitrain.launch.supervise import free_port
+    from unitrain.host.ports import free_port
 
     common = [
         sys.executable, "-m", "unitrain", f"backend={backend}", *FAST, "trainer.steps=3", "trainer.threads=1",

@@ -118,7 +118,7 @@ def test_ctrl_c_in_a_sweep_is_one_line(backend, tmp_path):
 
 @pytest.mark.parametrize("backend,node_rank", [("paddle", 0), ("torch", 0), ("torch", 1)])
 def test_a_node_that_never_comes_times_out_in_one_line(backend, node_rank, tmp_path):
-    from unitrain.launch.supervise import free_port
+    from unitrain.host.ports import free_port
 
     port = free_port()
     args = [f"backend={backend}", *FAST, "trainer.threads=1", "dist.nnodes=2", f"dist.node_rank={node_rank}", f"dist.master_port={port}", "dist.timeout_s=5"]
@@ -171,7 +171,7 @@ def test_a_busy_master_port_is_one_line(backend, tmp_path):
 def test_a_master_port_taken_after_the_check_is_one_line(backend, tmp_path):
     # Another program takes the port between unitrain's check and the launcher's bind: the
     # launcher's own failure (torchrun's EADDRINUSE, Paddle's aborted store) becomes the same line.
-    from unitrain.launch.supervise import free_port
+    from unitrain.host.ports import free_port
 
     port, run_dir = free_port(), tmp_path / "run"
     proc = subprocess.Popen(

@@ -102,7 +102,7 @@ def test_report_never_ranks_a_tuned_row_against_a_same_settings_row(tmp_path):
     ("paddle", ["dist.bucket_cap_mb=1"], "none (float32 all-reduce)", 1),
 ])  # fmt: skip
 def test_all_reduce_levers_are_applied_and_keep_the_result(backend, levers, hook, buckets, tmp_path):
-    from unitrain.launch.supervise import free_port
+    from unitrain.host.ports import free_port
 
     common = [f"backend={backend}", *FAST, *EXACT, *STEPS]
     one = run_unitrain(common, tmp_path / "one")

@@ -3,7 +3,8 @@
 This package imports no framework: ``get_backend(name)`` imports one when asked.
 """
 
-from unitrain.interface.backend import Backend, available_backends, get_backend
+from unitrain.interface.backend import Backend, get_backend
+from unitrain.interface.modules import available_backends
 from unitrain.config.schema import AmpConfig, DataConfig, DistConfig, ModelConfig, OptimConfig, TrainerConfig
 from unitrain.data.datasets import ImageFolderDataset, LearnableDataset, SyntheticDataset
 from unitrain.interface.distributed import DistributedContext

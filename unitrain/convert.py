@@ -7,55 +7,40 @@ The output loads with plain framework code, no unitrain needed:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
-
-from unitrain.interface.backend import get_backend
-from unitrain.train.checkpoint import find_checkpoint, read_meta, read_model_arrays
 from unitrain.errors import UnitrainError
-from unitrain.model.weights import FRAMEWORKS, Arrays, convert
-
-NATIVE_SUFFIX = {"torch": ".pt", "paddle": ".pdparams"}
-
-
-def export_native(arrays: Arrays, target: str, path: Path) -> None:
-    """Write ``target``'s own format, loadable without unitrain: a torch state_dict file
-    (``torch.load`` then ``load_state_dict``) or a ``.pdparams`` (``paddle.load`` then
-    ``set_state_dict``). Written beside and renamed, so a failure leaves no half file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    get_backend(target)  # imports the framework the way unitrain does (and fails clearly if it is missing)
-    if target == "torch":
-        import torch
-
-        torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}, tmp)
-    else:
-        import paddle
-
-        paddle.save({k: paddle.to_tensor(v) for k, v in arrays.items()}, str(tmp))
-    os.replace(tmp, path)
+from unitrain.interface.backend import get_backend
+from unitrain.interface.modules import available_backends
+from unitrain.interface.weights import weights_module
+from unitrain.model.weights import convert
+from unitrain.train.checkpoint import find_checkpoint, read_meta, read_model_arrays
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m unitrain.convert", description="Turn a unitrain checkpoint into a framework's native weights file."
     )
-    parser.add_argument("checkpoint", help="a checkpoint directory, a run directory (its latest checkpoint), or latest (the newest under ./runs and ./multirun)")
-    parser.add_argument("--to", required=True, choices=FRAMEWORKS, help="the framework whose format to write")
+    parser.add_argument(
+        "checkpoint",
+        help="a checkpoint directory, a run directory (its latest checkpoint), or latest (the newest under ./runs and ./multirun)",
+    )
+    parser.add_argument("--to", required=True, choices=available_backends(), help="the framework whose format to write")
     parser.add_argument("--out", help="output file (default: <checkpoint>/model.<framework>.pt|pdparams)")
     args = parser.parse_args(argv)
+    target = weights_module(args.to)
     try:
         path = find_checkpoint(args.checkpoint, [Path.cwd() / "runs", Path.cwd() / "multirun"], key="checkpoint")
         meta = read_meta(path)
-        out = Path(args.out) if args.out else path / f"model.{args.to}{NATIVE_SUFFIX[args.to]}"
+        out = Path(args.out) if args.out else path / f"model.{args.to}{target.NATIVE_SUFFIX}"
         if out.is_dir() or not out.parent.is_dir():
             why = "is a directory" if out.is_dir() else f"its directory {out.parent} does not exist"
             raise UnitrainError(f"--out={str(out)!r} is not allowed: {why}; allowed: a file path in an existing directory")
         arrays = convert(read_model_arrays(path), meta["framework"], args.to)
-        export_native(arrays, args.to, out)
+        get_backend(args.to)  # imports the framework the way unitrain does (and fails clearly if it is missing)
+        target.save_native(arrays, out)
     except UnitrainError as err:
         print(f"unitrain.convert: error: {err}", file=sys.stderr)
         return 2

@@ -19,7 +19,8 @@ import numpy as np
 from unitrain.deploy import artifacts
 from unitrain.deploy.export import TOLERANCE, ExportCheckError, export
 from unitrain.errors import UnitrainError
-from unitrain.interface.backend import available_backends
+from unitrain.interface.export import FORMATS
+from unitrain.interface.modules import available_backends
 
 
 def _csv(value: str, allowed: Sequence[str], key: str) -> List[str]:
@@ -59,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # feature unitrain does not use; errors still show.
     os.environ.setdefault("GLOG_minloglevel", "2")
     try:
-        formats = _csv(args.format, artifacts.FORMATS, "--format")
+        formats = _csv(args.format, FORMATS, "--format")
         targets = _csv(args.to, available_backends(), "--to") if args.to else None
         if not (np.isfinite(args.tolerance) and args.tolerance > 0):
             raise UnitrainError(f"--tolerance={args.tolerance} is not allowed: a finite number > 0")

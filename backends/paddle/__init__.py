@@ -1,4 +1,8 @@
-"""The PaddlePaddle backend: paddle.nn models, paddle.io loaders, Fleet collective, paddle.amp."""
+"""The PaddlePaddle backend: paddle.nn models, paddle.io loaders, Fleet, paddle.amp, Paddle Inference.
+
+Importing this package imports no paddle: each module does, when it is loaded
+(:mod:`unitrain.interface.modules`), apart from ``launch``, ``validation`` and ``weights``.
+"""
 
 import warnings
 
@@ -8,7 +12,3 @@ warnings.filterwarnings("ignore", message="No ccache found", category=UserWarnin
 # BatchNorm repeats on every training forward that it tracks running statistics, which is the
 # documented behaviour both backends share.
 warnings.filterwarnings("ignore", message="When training, we now always track global mean and variance")
-
-from unitrain.backends.paddle.backend import PaddleBackend as Backend  # noqa: E402
-
-__all__ = ["Backend"]

@@ -9,16 +9,20 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from unitrain.interface.backend import Backend, check_state as _check_state
+from unitrain.interface.backend import Backend
+from unitrain.model.weights import check_state
 from unitrain.config.schema import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
+from unitrain.interface.distributed import DistributedContext
+from unitrain.interface.profiler import Tracer
 from unitrain.model.specs import ResNetSpec
 
 from . import blas, data, distributed, models, optim, precision, profiler
 
+__all__ = ["create_backend"]
+
 
 class PaddleBackend(Backend):
     name = "paddle"
-    framework = "paddle"
     package = "paddlepaddle"
 
     def __init__(self):
@@ -47,14 +51,14 @@ class PaddleBackend(Backend):
         np.random.seed(seed % 2**32)
         paddle.seed(seed)
 
-    def distributed(self, cfg: DistConfig | None = None, device: str = "auto") -> distributed.PaddleDistributedContext:
-        return distributed.PaddleDistributedContext(cfg, device)
+    def distributed(self, cfg: DistConfig | None = None, device: str = "auto") -> DistributedContext:
+        return distributed.make_context(cfg, device)
 
     def precision(self, cfg: AmpConfig | None = None):
         return precision.make_precision(cfg or AmpConfig())
 
     def _build_resnet(self, spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -> models.ResNet:
-        return models.ResNet(spec, num_classes, zero_init_residual)
+        return models.build_resnet(spec, num_classes, zero_init_residual)
 
     def build_optimizer(self, model, cfg: OptimConfig | None = None):
         return optim.build_optimizer(model, cfg or OptimConfig())
@@ -81,7 +85,7 @@ class PaddleBackend(Backend):
 
     def load_state_arrays(self, model, arrays) -> None:
         state = model.state_dict()
-        _check_state(state.keys(), {k: tuple(v.shape) for k, v in state.items()}, arrays)
+        check_state(state.keys(), {k: tuple(v.shape) for k, v in state.items()}, arrays)
         model.set_state_dict({k: np.ascontiguousarray(v) for k, v in arrays.items()})
 
     def set_deterministic(self) -> dict:
@@ -113,8 +117,8 @@ class PaddleBackend(Backend):
     def parameter_arrays(self, model):
         return {name: p.astype("float32").numpy() for name, p in model.named_parameters() if not p.stop_gradient}
 
-    def tracer(self, cfg: ProfilerConfig, path) -> profiler.PaddleTracer:
-        return profiler.PaddleTracer(cfg, path)
+    def tracer(self, cfg: ProfilerConfig, path) -> Tracer:
+        return profiler.make_tracer(cfg, path)
 
     def peak_device_memory_mb(self, device: str) -> float | None:
         return paddle.device.cuda.max_memory_allocated(device) / 2**20 if device.startswith("gpu") else None
@@ -123,3 +127,7 @@ class PaddleBackend(Backend):
         for m in model.sublayers():
             if isinstance(m, paddle.nn.layer.norm._BatchNormBase):
                 m.eval()
+
+
+def create_backend() -> PaddleBackend:
+    return PaddleBackend()

@@ -21,6 +21,10 @@ from unitrain.config.validation import check_all_reduce_levers
 from unitrain.interface.distributed import NO_COMM_HOOK, DistributedContext
 from unitrain.errors import ConfigError
 
+from .validation import check_all_reduce
+
+__all__ = ["make_context"]
+
 _OPS = {"sum": pdist.ReduceOp.SUM, "max": pdist.ReduceOp.MAX, "min": pdist.ReduceOp.MIN}
 
 
@@ -44,7 +48,8 @@ class PaddleDistributedContext(DistributedContext):
             raise ConfigError(
                 "dist.comm_backend", self.cfg.comm_backend, f"auto or {self.comm_backend}: paddle uses {self.comm_backend} on {self.device}"
             )
-        check_all_reduce_levers(self.cfg, "paddle")
+        check_all_reduce_levers(self.cfg)
+        check_all_reduce(self.cfg)
         self._data_parallel: paddle.DataParallel | None = None
 
     def setup(self) -> "PaddleDistributedContext":
@@ -113,9 +118,6 @@ class PaddleDistributedContext(DistributedContext):
     def wrap_optimizer(self, optimizer):
         return fleet.distributed_optimizer(optimizer) if self.is_distributed else optimizer
 
-    def unwrap_model(self, model: Any) -> Any:
-        return model._layers if isinstance(model, paddle.DataParallel) else model
-
     @contextlib.contextmanager
     def no_sync(self, model: Any) -> Iterator[None]:
         if isinstance(model, paddle.DataParallel):
@@ -123,3 +125,7 @@ class PaddleDistributedContext(DistributedContext):
                 yield
         else:
             yield
+
+
+def make_context(cfg: DistConfig | None, device: str) -> PaddleDistributedContext:
+    return PaddleDistributedContext(cfg, device)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import numpy as np
 import paddle
+
+__all__ = ["inference", "predict"]
 
 
 @contextlib.contextmanager
@@ -14,3 +17,8 @@ def inference(model: paddle.nn.Layer) -> Iterator[None]:
     model.eval()
     with paddle.no_grad():
         yield
+
+
+def predict(model: paddle.nn.Layer, images: np.ndarray) -> np.ndarray:
+    with inference(model):
+        return model(paddle.to_tensor(images)).astype("float32").numpy()

@@ -14,9 +14,13 @@ import paddle
 
 from unitrain.errors import UnitrainError
 
+__all__ = ["CHECKED_WITH", "WRITERS", "save_native", "save_onnx"]
+
 OPSET = 17
+WRITERS = {"native": "paddle.jit.save", "onnx": "paddle2onnx"}
+CHECKED_WITH = {"native": "paddle.inference predictor", "onnx": "onnxruntime"}
 #: The files ``paddle.jit.save(layer, prefix)`` writes under PIR (Paddle 3.x).
-NATIVE_SUFFIXES = (".json", ".pdiparams")
+_NATIVE_SUFFIXES = (".json", ".pdiparams")
 
 
 def _spec(example: np.ndarray, batch: Optional[int]):
@@ -29,7 +33,7 @@ def save_native(model: paddle.nn.Layer, stem: Path, example: np.ndarray, batch: 
     and by ``paddle.jit.load``."""
     model.eval()
     paddle.jit.save(model, str(stem), input_spec=_spec(example, batch))
-    files = [stem.with_name(stem.name + s) for s in NATIVE_SUFFIXES]
+    files = [stem.with_name(stem.name + s) for s in _NATIVE_SUFFIXES]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
         raise UnitrainError(f"paddle.jit.save did not write {', '.join(missing)} (this Paddle writes {sorted(p.name for p in stem.parent.iterdir())})")

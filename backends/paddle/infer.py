@@ -14,6 +14,8 @@ import paddle
 
 from unitrain.interface.infer import Runtime
 
+__all__ = ["runtimes"]
+
 
 def _prefix(path: Path) -> str:
     return str(path)[: -len(path.suffix)]

@@ -1,4 +1,4 @@
-"""ResNets built from unitrain.models specs, with the same layer names as the torch backend."""
+"""ResNets built from unitrain.model.specs specs, with the same layer names as the torch backend."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from paddle import nn
 from paddle.nn import functional as F
 
 from unitrain.model.specs import ResNetSpec
+
+__all__ = ["build_resnet"]
 
 # (place, dtype, layout) -> whether Paddle's batch_norm op there folds in the biased variance.
 _BIASED_VARIANCE: dict = {}
@@ -178,3 +180,7 @@ class ResNet(nn.Layer):
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         return self.fc(paddle.flatten(self.avgpool(x), 1))
+
+
+def build_resnet(spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -> ResNet:
+    return ResNet(spec, num_classes, zero_init_residual)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import paddle
 
-from unitrain.interface.backend import decays
+from unitrain.interface.optim import decays
 from unitrain.config.schema import OptimConfig
+
+__all__ = ["build_optimizer", "set_lr"]
 
 
 def build_optimizer(model: paddle.nn.Layer, cfg: OptimConfig) -> paddle.optimizer.Momentum:

@@ -15,6 +15,8 @@ import paddle
 from unitrain.config.schema import AmpConfig
 from unitrain.interface.precision import MixedPrecision, ScaledMixedPrecision, loss_scaling_wanted, op_lists
 
+__all__ = ["make_precision"]
+
 log = logging.getLogger("unitrain")
 
 # unitrain op names -> paddle op types (what paddle.amp's lists hold).

@@ -11,6 +11,8 @@ import paddle.profiler as pprof
 from unitrain.config.schema import ProfilerConfig
 from unitrain.interface.profiler import Tracer
 
+__all__ = ["make_tracer"]
+
 # "conv2d dygraph[8.530 us]" -> "conv2d"
 _SUFFIX = re.compile(r"(\[[^\]]*\])$|( dygraph)$")
 
@@ -33,3 +35,7 @@ class PaddleTracer(Tracer):
 
     def export(self, prof) -> None:
         prof.export(str(self.path), format="json")
+
+
+def make_tracer(cfg: ProfilerConfig, path: Path) -> PaddleTracer:
+    return PaddleTracer(cfg, path)

@@ -34,7 +34,10 @@ import paddle
 
 from unitrain.data.criteo import DENSE_FEATURES, SPARSE_SLOTS, CtrData
 from unitrain.errors import UnitrainError
-from unitrain.ps.job import EMBED_INIT, PsProgram, Role, tower_init
+from unitrain.interface.ps import PsProgram, Role
+from unitrain.ps.model import EMBED_INIT, tower_init
+
+__all__ = ["build", "engine_problem"]
 
 # Seconds a trainer waits for the servers to listen before it gives up.
 SERVER_WAIT_S = 120.0
@@ -284,7 +287,6 @@ def _server_counters(endpoints) -> Optional[Dict[str, int]]:
             key = f"{way}_{kind}_requests"
             totals[key] = totals.get(key, 0) + int(count)
     return totals or None
-
 
 
 def build(cfg, role: Role) -> PaddlePs:

@@ -26,22 +26,28 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Sequence
 
 import numpy as np
 import paddle
 from paddle.pir_utils import OldIrGuard
+
+from unitrain.interface.quantize import Saved
+
+__all__ = ["QUANTIZER", "check", "prepare_qat", "save_qat", "save_quantized"]
 
 QUANTIZER = {
     "dynamic": "paddle.quantization.PTQ, per-tensor absmax weight observers only, legacy program",
     "static": "paddle.static.quantization.PostTrainingQuantization, abs_max, per-channel weights unless per_channel=false, legacy program",
     "qat": "paddle.quantization.ImperativeQuantAware, per-channel weights, moving-average activations, legacy program",
 }
-#: The files of each artifact written, and its fixed batch size (None: any).
-Saved = List[Tuple[List[Path], Optional[int]]]
 SUFFIXES = (".pdmodel", ".pdiparams")
 #: Operators whose weights the quantizers quantize (conv, and the classifier as mul/matmul_v2).
 QUANTIZABLE = ["conv2d", "depthwise_conv2d", "mul", "matmul", "matmul_v2"]
+
+
+def check(method: str, per_channel: bool) -> None:
+    """Paddle's toolkits ship with paddle: every method and setting is available."""
 
 
 def _spec(example: np.ndarray):

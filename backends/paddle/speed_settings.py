@@ -21,12 +21,15 @@ from typing import Dict, List
 
 import paddle
 
-from unitrain.interface.speed_settings import TUNED, Tuning
+
+from unitrain.interface.speed_settings import TUNED, SpeedSettings
 
 from . import blas
 
+__all__ = ["Tuned"]
 
-class Tuned(Tuning):
+
+class Tuned(SpeedSettings):
     settings = TUNED
     SETTINGS = {
         "to_static": "paddle.jit.to_static: the forward as one static program",

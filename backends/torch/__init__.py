@@ -1,5 +1,5 @@
-"""The PyTorch backend: torch.nn models, torch.utils.data loaders, DDP, torch.amp."""
+"""The PyTorch backend: torch.nn models, torch.utils.data loaders, DDP, torch.amp, torch.export.
 
-from unitrain.backends.torch.backend import TorchBackend as Backend
-
-__all__ = ["Backend"]
+Importing this package imports no torch: each module does, when it is loaded
+(:mod:`unitrain.interface.modules`), apart from ``launch``, ``validation`` and ``weights``.
+"""

@@ -8,16 +8,20 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from unitrain.interface.backend import Backend, check_state as _check_state
+from unitrain.interface.backend import Backend
+from unitrain.model.weights import check_state
 from unitrain.config.schema import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
+from unitrain.interface.distributed import DistributedContext
+from unitrain.interface.profiler import Tracer
 from unitrain.model.specs import ResNetSpec
 
 from . import data, distributed, models, optim, precision, profiler
 
+__all__ = ["create_backend"]
+
 
 class TorchBackend(Backend):
     name = "torch"
-    framework = "torch"
     package = "torch"
 
     def version(self) -> str:
@@ -34,14 +38,14 @@ class TorchBackend(Backend):
         np.random.seed(seed % 2**32)
         torch.manual_seed(seed)
 
-    def distributed(self, cfg: DistConfig | None = None, device: str = "auto") -> distributed.TorchDistributedContext:
-        return distributed.TorchDistributedContext(cfg, device)
+    def distributed(self, cfg: DistConfig | None = None, device: str = "auto") -> DistributedContext:
+        return distributed.make_context(cfg, device)
 
     def precision(self, cfg: AmpConfig | None = None):
         return precision.make_precision(cfg or AmpConfig())
 
     def _build_resnet(self, spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -> models.ResNet:
-        return models.ResNet(spec, num_classes, zero_init_residual)
+        return models.build_resnet(spec, num_classes, zero_init_residual)
 
     def build_optimizer(self, model, cfg: OptimConfig | None = None):
         return optim.build_optimizer(model, cfg or OptimConfig())
@@ -66,7 +70,7 @@ class TorchBackend(Backend):
 
     def load_state_arrays(self, model, arrays) -> None:
         state = model.state_dict()
-        _check_state(state.keys(), {k: tuple(v.shape) for k, v in state.items()}, arrays)
+        check_state(state.keys(), {k: tuple(v.shape) for k, v in state.items()}, arrays)
         model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()})
 
     def set_deterministic(self) -> dict:
@@ -96,8 +100,8 @@ class TorchBackend(Backend):
     def parameter_arrays(self, model):
         return {name: p.detach().float().cpu().numpy() for name, p in model.named_parameters()}
 
-    def tracer(self, cfg: ProfilerConfig, path) -> profiler.TorchTracer:
-        return profiler.TorchTracer(cfg, path)
+    def tracer(self, cfg: ProfilerConfig, path) -> Tracer:
+        return profiler.make_tracer(cfg, path)
 
     def peak_device_memory_mb(self, device: str) -> float | None:
         return torch.cuda.max_memory_allocated(device) / 2**20 if device.startswith("cuda") else None
@@ -106,3 +110,7 @@ class TorchBackend(Backend):
         for m in model.modules():
             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
                 m.eval()
+
+
+def create_backend() -> TorchBackend:
+    return TorchBackend()

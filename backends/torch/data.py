@@ -7,6 +7,8 @@ from typing import Iterable, Iterator, List, Tuple
 import torch
 from torch.utils.data import DataLoader
 
+__all__ = ["make_loader"]
+
 
 class DeviceLoader:
     """A DataLoader whose batches arrive on the training device."""

@@ -21,6 +21,10 @@ from unitrain.config.validation import check_all_reduce_levers
 from unitrain.interface.distributed import NO_COMM_HOOK, DistributedContext
 from unitrain.errors import ConfigError
 
+from .validation import check_all_reduce
+
+__all__ = ["make_context"]
+
 _OPS = {"sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}
 _COMPRESSION_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 
@@ -56,7 +60,8 @@ class TorchDistributedContext(DistributedContext):
         self.comm_backend = default if self.cfg.comm_backend == "auto" else self.cfg.comm_backend
         if self.comm_backend == "nccl" and not self.device.startswith("cuda"):
             raise ConfigError("dist.comm_backend", "nccl", "auto or gloo: nccl needs CUDA devices and this run is on cpu")
-        check_all_reduce_levers(self.cfg, "torch")
+        check_all_reduce_levers(self.cfg)
+        check_all_reduce(self.cfg)
         if self.cfg.grad_compression == "bf16" and self.comm_backend != "nccl":
             # torch's bf16_compress_hook checks for NCCL 2.10+ (or XPU) and raises otherwise.
             raise ConfigError("dist.grad_compression", "bf16", f"none or fp16 with {self.comm_backend}: torch's bf16_compress_hook needs NCCL (CUDA)")
@@ -122,10 +127,6 @@ class TorchDistributedContext(DistributedContext):
             "comm_hook": data.get("comm_hook") or NO_COMM_HOOK,
         }
 
-    def unwrap_model(self, model: Any) -> Any:
-        model = _uncompiled(model)
-        return model.module if isinstance(model, DistributedDataParallel) else model
-
     @contextlib.contextmanager
     def no_sync(self, model: Any) -> Iterator[None]:
         model = _uncompiled(model)
@@ -134,3 +135,7 @@ class TorchDistributedContext(DistributedContext):
                 yield
         else:
             yield
+
+
+def make_context(cfg: DistConfig | None, device: str) -> TorchDistributedContext:
+    return TorchDistributedContext(cfg, device)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import numpy as np
 import torch
+
+__all__ = ["inference", "predict"]
 
 
 @contextlib.contextmanager
@@ -14,3 +17,8 @@ def inference(model: torch.nn.Module) -> Iterator[None]:
     model.eval()
     with torch.no_grad():
         yield
+
+
+def predict(model: torch.nn.Module, images: np.ndarray) -> np.ndarray:
+    with inference(model):
+        return model(torch.from_numpy(images)).float().cpu().numpy()

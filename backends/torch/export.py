@@ -15,8 +15,12 @@ import torch
 
 from unitrain.errors import UnitrainError
 
+__all__ = ["CHECKED_WITH", "WRITERS", "save_native", "save_onnx"]
+
 # The ONNX exporter's default (dynamo) path; the legacy TorchScript path is deprecated.
 OPSET = 18
+WRITERS = {"native": "torch.export", "onnx": "torch.onnx.export"}
+CHECKED_WITH = {"native": "torch.export.load", "onnx": "onnxruntime"}
 
 
 def _example_and_shapes(example: np.ndarray, batch: Optional[int]):

@@ -11,6 +11,8 @@ import torch
 from unitrain.errors import UnitrainError
 from unitrain.interface.infer import Runtime
 
+__all__ = ["runtimes"]
+
 
 #: Graph operators of a quantized ExportedProgram (torchao's PT2E): activation quantization,
 #: weight dequantization (int8 weights are per channel); and the float conv/linear they feed.

@@ -1,4 +1,4 @@
-"""ResNets built from unitrain.models specs, with torchvision's layer names (conv1, bn1, layer1..4, fc)."""
+"""ResNets built from unitrain.model.specs specs, with torchvision's layer names (conv1, bn1, layer1..4, fc)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 from unitrain.model.specs import ResNetSpec
+
+__all__ = ["build_resnet"]
 
 
 def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1) -> tuple[nn.Conv2d, nn.BatchNorm2d]:
@@ -110,3 +112,7 @@ class ResNet(nn.Module):
         x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
         x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
         return self.fc(torch.flatten(self.avgpool(x), 1))
+
+
+def build_resnet(spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -> ResNet:
+    return ResNet(spec, num_classes, zero_init_residual)

@@ -21,6 +21,8 @@ from unitrain.config.schema import AmpConfig
 from unitrain.errors import BackendUnavailableError, ConfigError
 from unitrain.interface.precision import MixedPrecision, ScaledMixedPrecision, loss_scaling_wanted, op_lists
 
+__all__ = ["make_precision"]
+
 log = logging.getLogger("unitrain")
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}

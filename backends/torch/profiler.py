@@ -10,6 +10,8 @@ import torch.profiler as tprof
 from unitrain.config.schema import ProfilerConfig
 from unitrain.interface.profiler import Tracer
 
+__all__ = ["make_tracer"]
+
 
 class TorchTracer(Tracer):
     op_categories = ("cpu_op", "kernel", "gpu_op")
@@ -24,3 +26,7 @@ class TorchTracer(Tracer):
 
     def export(self, prof) -> None:
         prof.export_chrome_trace(str(self.path))
+
+
+def make_tracer(cfg: ProfilerConfig, path: Path) -> TorchTracer:
+    return TorchTracer(cfg, path)

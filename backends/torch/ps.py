@@ -28,7 +28,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from unitrain.data.criteo import SPARSE_SLOTS, CtrData
-from unitrain.ps.job import EMBED_INIT, PsProgram, Role, tower_init
+from unitrain.interface.ps import PsProgram, Role
+from unitrain.ps.model import EMBED_INIT, tower_init
+
+__all__ = ["build", "engine_problem"]
 
 # Seconds an RPC may take before it fails: long enough for a synchronous step that waits for
 # the slowest trainer, short enough that a dead server does not hold a trainer for minutes.

@@ -16,12 +16,15 @@ ExportedProgram (.pt2) whose conv and linear weights are stored as int8.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
 
-from unitrain.errors import UnitrainError
+from unitrain.errors import ConfigError, UnitrainError
+from unitrain.interface.quantize import Saved
+
+__all__ = ["QUANTIZER", "check", "prepare_qat", "save_qat", "save_quantized"]
 
 
 def _torchao():
@@ -68,6 +71,16 @@ QUANTIZER = {
 BATCH = ({0: torch.export.Dim("batch", min=1, max=65536)},)
 
 
+def check(method: str, per_channel: bool) -> None:
+    """torchao must import (an installed package that fails to import is missing all the same),
+    and its x86 quantizer quantizes static weights per channel only."""
+    _torchao()
+    if method == "static" and not per_channel:
+        raise ConfigError(
+            "per_channel", False, "true with backend=torch method=static (torchao's X86InductorQuantizer quantizes weights per channel only)"
+        )
+
+
 def _quantizer(method: str, reduce_range: bool, per_channel: bool):
     if method == "dynamic":
         return WeightOnlyQuantizer(per_channel)
@@ -87,10 +100,6 @@ def _drop_unused(module: torch.fx.GraphModule) -> None:
         if name not in used:
             owner, _, attr = name.rpartition(".")
             delattr(module.get_submodule(owner) if owner else module, attr)
-
-
-#: The files of each artifact written, and its fixed batch size (None: any).
-Saved = List[Tuple[List[Path], Optional[int]]]
 
 
 def _save(converted: torch.fx.GraphModule, example: torch.Tensor, stem: Path) -> Saved:

@@ -14,11 +14,14 @@ from typing import Any, Dict, List
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+
 from unitrain.errors import ConfigError
-from unitrain.interface.speed_settings import TUNED, Tuning
+from unitrain.interface.speed_settings import TUNED, SpeedSettings
+
+__all__ = ["Tuned"]
 
 
-class Tuned(Tuning):
+class Tuned(SpeedSettings):
     settings = TUNED
     SETTINGS = {
         "compile": "torch.compile (Inductor) around the training model",

@@ -1,28 +1,140 @@
 """The typed config schema: one dataclass per Hydra config group, registered in the ConfigStore.
 
 The YAML files in conf/ choose between these schemas and set values; Hydra checks every
-override against them, so a wrong key or type fails at start, before any framework loads.
-Value checks that types cannot express live in :func:`validate`.
+override against them, so a wrong key, a wrong type or a choice outside its Enum fails at start,
+before any framework loads and before anything is written. The checks that types cannot express
+live in :mod:`unitrain.config.validation`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from enum import Enum
+from typing import List, Optional, Tuple
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 
-AMP_LEVELS = ("O0", "O1", "O2", "O3")
-AMP_DTYPES = ("float16", "bfloat16")
-AMP_IMPLS = ("native", "apex")
-DEVICES = ("auto", "cpu", "gpu")
-LR_SCHEDULES = ("constant", "step", "cosine")
-LR_SCALINGS = ("linear", "keep_global")
-PROFILER_MODES = ("off", "timer", "trace")
-SAMPLER_REMAINDERS = ("pad", "drop")
-SAMPLER_ORDERS = ("global", "shard")
+class Choice(str, Enum):
+    """A value from a fixed set. Hydra matches an override against the member names (equal to
+    their values here); the member is a ``str``, so it compares, hashes, prints, formats and
+    serialises as its value, in configs, summaries and messages alike."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    def __repr__(self) -> str:
+        return repr(str(self.value))
+
+    @classmethod
+    def values(cls) -> Tuple[str, ...]:
+        return tuple(m.value for m in cls)
+
+
+def _choice(name: str, *values: str) -> type:
+    """A Choice whose values include Python keywords (``async``, ``global``)."""
+    return Choice(name, [(v, v) for v in values], module=__name__, qualname=name)  # type: ignore[return-value]
+
+
+class Device(Choice):
+    auto = "auto"  # the accelerator when the framework sees one, else cpu
+    cpu = "cpu"
+    gpu = "gpu"
+
+
+class AmpLevel(Choice):
+    O0 = "O0"
+    O1 = "O1"
+    O2 = "O2"
+    O3 = "O3"
+
+
+class AmpDtype(Choice):
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+
+
+class AmpImpl(Choice):
+    native = "native"
+    apex = "apex"
+
+
+class ModelInit(Choice):
+    framework = "framework"
+    shared = "shared"
+
+
+Remainder = _choice("Remainder", "pad", "drop")
+Order = _choice("Order", "global", "shard")
+
+
+class OptimName(Choice):
+    momentum = "momentum"
+    sgd = "sgd"
+
+
+class Schedule(Choice):
+    constant = "constant"
+    step = "step"
+    cosine = "cosine"
+
+
+class LrScaling(Choice):
+    linear = "linear"
+    keep_global = "keep_global"
+
+
+class NonFinite(Choice):
+    stop = "stop"
+    warn = "warn"
+
+
+class Malloc(Choice):
+    fixed = "fixed"
+    dynamic = "dynamic"
+
+
+class Logger(Choice):
+    tensorboard = "tensorboard"
+    visualdl = "visualdl"
+
+
+class DistMode(Choice):
+    collective = "collective"
+    ps = "ps"
+
+
+PsSync = _choice("PsSync", "sync", "async", "geo")
+
+
+class CommBackend(Choice):
+    auto = "auto"
+    gloo = "gloo"
+    nccl = "nccl"
+
+
+class GradCompression(Choice):
+    none = "none"
+    fp16 = "fp16"
+    bf16 = "bf16"
+
+
+class ProfilerMode(Choice):
+    off = "off"
+    timer = "timer"
+    trace = "trace"
+
+
+class QuantMethod(Choice):
+    dynamic = "dynamic"
+    static = "static"
+    qat = "qat"
+
+
 DATASET_NAMES = ("synthetic", "learnable", "imagefolder", "fashion_mnist")
 # dist.mode=ps trains a click-through model on Criteo-format rows (unitrain.ps).
 PS_MODELS = ("wide_deep",)
@@ -30,32 +142,27 @@ PS_DATASETS = ("criteo", "criteo_synthetic")
 # Plain SGD: both engines apply it on the servers (Paddle's dense tables take only SGD or Adam,
 # and torch's Adam takes no sparse gradients).
 PS_OPTIMIZERS = ("sgd",)
-DIST_MODES = ("collective", "ps")
-PS_SYNC_MODES = ("sync", "async", "geo")
-GRAD_COMPRESSIONS = ("none", "fp16", "bf16")
-LOGGERS = ("tensorboard", "visualdl")
-NONFINITE_POLICIES = ("stop", "warn")
 
 
 @dataclass
 class BackendConfig:
     name: str = MISSING
     # auto: the accelerator when the framework sees one, else cpu.
-    device: str = "auto"
-    # true: add the framework's own documented speed settings for the device (unitrain.tuning:
+    device: Device = Device.auto
+    # true: add the framework's own documented speed settings for the device (unitrain.interface.speed_settings:
     # torch.compile and channels-last; Paddle's to_static). Rows are labelled "tuned" and
     # never ranked against "same settings" rows.
     tuned: bool = False
     # With tuned=true: which of the framework's settings (torch: compile, channels_last; paddle:
-    # to_static); null: the ones that helped on this kind of device when measured (unitrain.tuning).
+    # to_static); null: the ones that helped on this kind of device when measured (unitrain.interface.speed_settings).
     tuned_settings: Optional[List[str]] = None
 
 
 @dataclass
 class AmpConfig:
-    level: str = "O0"
-    dtype: str = "float16"
-    impl: str = "native"
+    level: AmpLevel = AmpLevel.O0
+    dtype: AmpDtype = AmpDtype.float16
+    impl: AmpImpl = AmpImpl.native
     custom_white_list: List[str] = field(default_factory=list)
     custom_black_list: List[str] = field(default_factory=list)
     # Loss scaling knobs, named as in paddle.amp.GradScaler; torch.amp.GradScaler calls them
@@ -76,7 +183,7 @@ class ModelConfig:
     # Where initial weights come from: "framework" draws them with each framework's own RNG,
     # using one init scheme (Kaiming fan-out convs, unit BatchNorm) on both; "shared" draws them
     # once in NumPy from trainer.seed, so every framework starts from the same weights.
-    init: str = "framework"
+    init: ModelInit = ModelInit.framework
     # Zero the last BatchNorm scale of each residual branch, so every block starts as the identity.
     zero_init_residual: bool = True
     # BatchNorm uses its running statistics and does not update them (its scale and shift still
@@ -108,8 +215,8 @@ class DataConfig:
     shuffle: bool = True
     drop_last: bool = True
     # How the sampler splits data across replicas (see unitrain.sampler).
-    remainder: str = "pad"
-    order: str = "global"
+    remainder: Remainder = Remainder["pad"]
+    order: Order = Order["global"]
     # The held-out set evaluated by trainer.eval_every. imagefolder: a second directory of class
     # sub-directories. Synthetic sets: this many samples from the same distribution, disjoint
     # from the training samples (0: none).
@@ -126,11 +233,11 @@ class DataConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "momentum"
+    name: OptimName = OptimName.momentum
     lr: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 1e-4
-    schedule: str = "constant"
+    schedule: Schedule = Schedule.constant
     warmup_steps: int = 0
     # step schedule: multiply by gamma every step_size steps.
     step_size: int = 30
@@ -138,7 +245,7 @@ class OptimConfig:
     # How batch and lr follow the number of devices K (and accumulation steps A):
     # linear: per-device batch kept, global batch = batch_size*K*A, lr scaled by K*A;
     # keep_global: global batch = batch_size, per-device batch = batch_size/(K*A), lr unchanged.
-    lr_scaling: str = "linear"
+    lr_scaling: LrScaling = LrScaling.linear
     nesterov: bool = False
     # Cross-entropy against (1 - e) one-hot + e / classes; held-out loss stays plain cross-entropy.
     label_smoothing: float = 0.0
@@ -167,7 +274,7 @@ class TrainerConfig:
     # Run the job this many times (each in a fresh process, into repeat<i>/), for medians and spreads.
     repeats: int = 1
     # Extra metric sinks besides metrics.jsonl: tensorboard (tensorboardX), visualdl.
-    loggers: List[str] = field(default_factory=list)
+    loggers: List[Logger] = field(default_factory=list)
     checkpoint_every: int = 0
     # Evaluate on the held-out set every N steps (0: only at the end); timed apart from training.
     eval_every: int = 0
@@ -177,10 +284,10 @@ class TrainerConfig:
     keep_checkpoints: int = 3
     resume: Optional[str] = None
     # A non-finite loss outside AMP's skipped steps: stop the run (exit 1) or warn once and go on.
-    on_nonfinite: str = "stop"
+    on_nonfinite: NonFinite = NonFinite.stop
     # glibc's malloc thresholds: "fixed" keeps freed tensor memory for reuse (a step's cost then
-    # does not depend on the process's history: unitrain/malloc.py); "dynamic", glibc's defaults.
-    malloc: str = "fixed"
+    # does not depend on the process's history: unitrain/host/malloc.py); "dynamic", glibc's defaults.
+    malloc: Malloc = Malloc.fixed
 
 
 @dataclass
@@ -191,7 +298,7 @@ class PsConfig:
     # sync (torch only): each step applies all trainers' gradients together; async: each
     # trainer's as they arrive; geo (Paddle only): trainers train their own copy and send the
     # change every geo_k_steps steps.
-    sync: str = "async"
+    sync: PsSync = PsSync["async"]
     geo_k_steps: int = 100
 
 
@@ -199,7 +306,7 @@ class PsConfig:
 class DistConfig:
     # collective: every worker holds the model (data parallel); ps: parameter servers hold it
     # and trainers push gradients and pull parameters (model=wide_deep, data=criteo*).
-    mode: str = "collective"
+    mode: DistMode = DistMode.collective
     ps: PsConfig = field(default_factory=PsConfig)
     nproc_per_node: int = 1
     nnodes: int = 1
@@ -208,7 +315,7 @@ class DistConfig:
     # None: a free port on this machine (single node only; several nodes must agree on one).
     master_port: Optional[int] = None
     # auto: gloo on CPU, nccl on GPU.
-    comm_backend: str = "auto"
+    comm_backend: CommBackend = CommBackend.auto
     sync_bn: bool = False
     # Seconds the nodes of a multi-node job wait for each other at rendezvous before giving up.
     timeout_s: float = 300.0
@@ -217,12 +324,12 @@ class DistConfig:
     # keeps the framework's default (25 MB in both). grad_compression: fp16 sends gradients as
     # float16 and casts them back (torch's fp16_compress_hook); bf16 likewise in bfloat16.
     bucket_cap_mb: Optional[float] = None
-    grad_compression: str = "none"
+    grad_compression: GradCompression = GradCompression.none
 
 
 @dataclass
 class ProfilerConfig:
-    mode: str = "timer"
+    mode: ProfilerMode = ProfilerMode.timer
     # Steps left out of the timing summary (start-up, allocator warm-up).
     warmup_steps: int = 2
     # trace mode: the step window handed to the framework profiler.
@@ -274,7 +381,7 @@ class QuantizeConfig:
     # Framework whose toolkit quantizes the native artifact (default: the checkpoint's own): the
     # training app's backend group, so that backend=torch,paddle sweeps as it does there.
     backend: Optional[BackendConfig] = None
-    method: str = "static"
+    method: QuantMethod = QuantMethod.static
     # Calibration batches (static, and ONNX Runtime's static row for qat); None: 32, or as many
     # as the training set holds.
     calib_batches: Optional[int] = None

@@ -1,25 +1,27 @@
-"""Checks of config values that types cannot express: one line naming the key and what is allowed."""
+"""The checks of config values that types cannot express: ranges, paths, and settings that
+exclude each other. Each refusal is one ConfigError naming the key and what is allowed.
+
+Hydra has already refused wrong keys, wrong types and choices outside their Enum (the schema);
+a backend's own limits are its ``validation.py``'s, called last.
+"""
 
 from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, Iterable
 
 from unitrain.config.schedule import BatchPlan
-from unitrain.config.schema import (
-    AMP_DTYPES, AMP_IMPLS, AMP_LEVELS, DATASET_NAMES, DEVICES, DIST_MODES, GRAD_COMPRESSIONS, LOGGERS, LR_SCALINGS, LR_SCHEDULES,
-    NONFINITE_POLICIES, PROFILER_MODES, PS_DATASETS, PS_MODELS, PS_OPTIMIZERS, PS_SYNC_MODES, SAMPLER_ORDERS, SAMPLER_REMAINDERS,
-    DistConfig, UnitrainConfig,
-)
+from unitrain.config.schema import DATASET_NAMES, PS_DATASETS, PS_MODELS, PS_OPTIMIZERS, DistConfig
 from unitrain.data.augment import AUGMENTATIONS
-from unitrain.host.malloc import MODES as MALLOC_MODES
-from unitrain.host.threads import available_cores
-from unitrain.model.specs import MODELS
 from unitrain.errors import ConfigError
+from unitrain.host.threads import available_cores
+from unitrain.interface.validation import validation_module
+from unitrain.model.specs import MODELS
 
 
-def _one_of(key: str, value: Any, allowed) -> None:
+def _one_of(key: str, value: Any, allowed: Iterable[Any]) -> None:
+    allowed = tuple(allowed)
     if value not in allowed:
         raise ConfigError(key, value, f"one of {', '.join(map(str, allowed))}")
 
@@ -30,21 +32,134 @@ def _positive(key: str, value: Any) -> None:
         raise ConfigError(key, value, "a finite number > 0")
 
 
-def check_all_reduce_levers(dist: DistConfig | Any, backend: str) -> None:
-    """dist.bucket_cap_mb and dist.grad_compression against what the backend's framework offers;
-    run before launch and again by a backend's context, for library users who skip validate()."""
-    _one_of("dist.grad_compression", dist.grad_compression, GRAD_COMPRESSIONS)
-    if dist.grad_compression != "none" and backend == "paddle":
-        # fp16_allreduce and DGC in DistributedStrategy are static-graph meta-optimizers; the
-        # dynamic graph's DataParallel all-reduces gradients in their own dtype, with no hook.
-        raise ConfigError("dist.grad_compression", dist.grad_compression, "none with backend=paddle: Paddle's dynamic-graph DataParallel has no gradient compression")
+def _at_least(key: str, value: int, least: int, why: str = "") -> None:
+    if value < least:
+        raise ConfigError(key, value, f"an integer >= {least}" + (f" ({why})" if why else ""))
+
+
+def check_all_reduce_levers(dist: DistConfig | Any) -> None:
+    """dist.bucket_cap_mb as every backend takes it; a backend's own limits are its validation
+    module's (run again by its context, for library users who skip validate())."""
     if dist.bucket_cap_mb is not None and not dist.bucket_cap_mb > 0:
         raise ConfigError("dist.bucket_cap_mb", dist.bucket_cap_mb, "a size in MB > 0, or null for the framework's default")
-    if dist.bucket_cap_mb is not None and backend == "paddle" and dist.bucket_cap_mb != int(dist.bucket_cap_mb):
-        raise ConfigError("dist.bucket_cap_mb", dist.bucket_cap_mb, "a whole number of MB with backend=paddle (Fleet's fuse_grad_size_in_MB is an integer)")
 
 
-def _validate_ps(cfg: UnitrainConfig | Any) -> None:
+def _check_amp(amp: Any) -> None:
+    _positive("amp.init_loss_scaling", amp.init_loss_scaling)
+    if not amp.incr_ratio > 1:
+        raise ConfigError("amp.incr_ratio", amp.incr_ratio, "a number > 1")
+    if not 0 < amp.decr_ratio < 1:
+        raise ConfigError("amp.decr_ratio", amp.decr_ratio, "a number in (0, 1)")
+    _positive("amp.incr_every_n_steps", amp.incr_every_n_steps)
+    _positive("amp.decr_every_n_nan_or_inf", amp.decr_every_n_nan_or_inf)
+
+
+def _check_data(data: Any) -> None:
+    _positive("data.image_size", data.image_size)
+    _at_least("data.num_classes", data.num_classes, 2, "a classifier needs two classes")
+    if data.num_samples is not None:
+        _positive("data.num_samples", data.num_samples)
+    _at_least("data.num_workers", data.num_workers, 0)
+    _one_of("data.augment", data.augment, AUGMENTATIONS)
+    if data.name == "imagefolder":
+        if not data.path:
+            raise ConfigError("data.path", data.path, "a directory of class sub-directories (data=imagefolder)")
+        if not os.path.isdir(data.path):
+            raise ConfigError("data.path", data.path, "an existing directory of class sub-directories")
+    _at_least("data.val_samples", data.val_samples, 0, "0: no held-out set")
+    if data.val_path is not None and not os.path.isdir(data.val_path):
+        raise ConfigError("data.val_path", data.val_path, "an existing directory of class sub-directories")
+    if data.sample_delay_s < 0:
+        raise ConfigError("data.sample_delay_s", data.sample_delay_s, "a number of seconds >= 0")
+
+
+def _check_optim(optim: Any) -> None:
+    _positive("optim.lr", optim.lr)
+    if not 0 <= optim.momentum < 1:  # also false for nan
+        raise ConfigError("optim.momentum", optim.momentum, "a number in [0, 1)")
+    if not math.isfinite(optim.weight_decay) or optim.weight_decay < 0:
+        raise ConfigError("optim.weight_decay", optim.weight_decay, "a number >= 0")
+    _at_least("optim.warmup_steps", optim.warmup_steps, 0)
+    _positive("optim.step_size", optim.step_size)
+    if not 0 <= optim.label_smoothing < 1:
+        raise ConfigError("optim.label_smoothing", optim.label_smoothing, "a number in [0, 1)")
+    if optim.clip_grad_norm is not None:
+        _positive("optim.clip_grad_norm", optim.clip_grad_norm)
+    if optim.nesterov and optim.momentum == 0:
+        raise ConfigError("optim.nesterov", True, "false when optim.momentum=0 (Nesterov needs momentum)")
+
+
+def _check_trainer(trainer: Any) -> None:
+    if trainer.steps is not None:
+        _positive("trainer.steps", trainer.steps)
+    _positive("trainer.epochs", trainer.epochs)
+    _at_least("trainer.seed", trainer.seed, 0, "NumPy seeds the data order and shared weights with it")
+    _positive("trainer.batch_size", trainer.batch_size)
+    if trainer.threads is not None:
+        _positive("trainer.threads", trainer.threads)
+        cores = available_cores()
+        if trainer.threads > cores:
+            # Oversubscribed threads measure contention, not the framework (1000 threads ran
+            # ~0.1% of the speed of 2 here).
+            raise ConfigError("trainer.threads", trainer.threads, f"at most {cores}, the cores this process may use (or unset: all of them)")
+    _at_least("trainer.eval_every", trainer.eval_every, 0, "0: evaluate only at the end")
+    _positive("trainer.eval_batch_size", trainer.eval_batch_size)
+    _at_least("trainer.checkpoint_every", trainer.checkpoint_every, 0, "0: no checkpoints")
+    _at_least("trainer.keep_checkpoints", trainer.keep_checkpoints, 0, "0: keep every checkpoint")
+    _positive("trainer.log_every", trainer.log_every)
+    _positive("trainer.accumulate_steps", trainer.accumulate_steps)
+    _positive("trainer.repeats", trainer.repeats)
+
+
+def _check_dist(cfg: Any) -> None:
+    dist = cfg.dist
+    _positive("dist.nproc_per_node", dist.nproc_per_node)
+    _positive("dist.nnodes", dist.nnodes)
+    if not 0 <= dist.node_rank < dist.nnodes:
+        raise ConfigError("dist.node_rank", dist.node_rank, f"an integer in [0, {dist.nnodes}) (dist.nnodes={dist.nnodes})")
+    if dist.nnodes > 1 and dist.master_port is None:
+        raise ConfigError("dist.master_port", None, "a port number that every node uses, when dist.nnodes > 1")
+    if dist.master_port is not None and not 0 < dist.master_port < 65536:
+        raise ConfigError("dist.master_port", dist.master_port, "a port number in 1..65535")
+    world = dist.nproc_per_node * dist.nnodes * cfg.trainer.accumulate_steps
+    if cfg.optim.lr_scaling == "keep_global" and cfg.trainer.batch_size % world:
+        raise ConfigError(
+            "trainer.batch_size",
+            cfg.trainer.batch_size,
+            f"a multiple of {world} (processes x accumulate_steps) with optim.lr_scaling=keep_global",
+        )
+    check_all_reduce_levers(dist)
+    _positive("dist.timeout_s", dist.timeout_s)
+    micro = BatchPlan.micro_batch_of(cfg, dist.nproc_per_node * dist.nnodes)
+    if micro < 2 and not cfg.model.freeze_bn:
+        raise ConfigError(
+            "trainer.batch_size",
+            cfg.trainer.batch_size,
+            f"at least 2 samples per device and micro-step (this gives {micro}): BatchNorm cannot train on one sample; "
+            "or model.freeze_bn=true",
+        )
+
+
+def _check_profiler(profiler: Any) -> None:
+    _at_least("profiler.warmup_steps", profiler.warmup_steps, 0)
+    if profiler.start < 0:
+        raise ConfigError("profiler.start", profiler.start, "a step number >= 0")
+    _positive("profiler.steps", profiler.steps)
+
+
+def _check_collective(cfg: Any) -> None:
+    """dist.mode=collective: the ResNets on image data."""
+    _one_of("model.name", cfg.model.name, MODELS.names() + list(PS_MODELS))
+    if cfg.model.name in PS_MODELS:
+        raise ConfigError("model", cfg.model.name, f"one of {', '.join(MODELS.names())} with dist.mode=collective ({cfg.model.name} trains with dist.mode=ps)")
+    _one_of("data.name", cfg.data.name, DATASET_NAMES + PS_DATASETS)
+    if cfg.data.name in PS_DATASETS:
+        raise ConfigError("data", cfg.data.name, f"one of {', '.join(DATASET_NAMES)} with dist.mode=collective ({cfg.data.name} is for dist.mode=ps)")
+    _one_of("optim.name", cfg.optim.name, ("momentum",))
+
+
+def _check_ps(cfg: Any) -> None:
+    """dist.mode=ps: wide&deep on Criteo-format rows, servers and trainers on one node."""
     ps = cfg.dist.ps
     if cfg.model.name not in PS_MODELS:
         raise ConfigError("model", cfg.model.name, f"{' or '.join(PS_MODELS)} with dist.mode=ps (the ResNets train with dist.mode=collective)")
@@ -52,15 +167,15 @@ def _validate_ps(cfg: UnitrainConfig | Any) -> None:
         raise ConfigError("data", cfg.data.name, f"one of {', '.join(PS_DATASETS)} with dist.mode=ps")
     _one_of("optim.name", cfg.optim.name, PS_OPTIMIZERS)
     if cfg.dist.nproc_per_node != 1 or cfg.dist.nnodes != 1:
-        raise ConfigError("dist.nproc_per_node", cfg.dist.nproc_per_node, "1 with dist.mode=ps (dist.ps.servers and dist.ps.trainers size the job, on one node)")
-    if ps.servers < 0:
-        raise ConfigError("dist.ps.servers", ps.servers, "an integer >= 0 (0: one process without servers)")
+        raise ConfigError(
+            "dist.nproc_per_node",
+            cfg.dist.nproc_per_node,
+            "1 with dist.mode=ps (dist.ps.servers and dist.ps.trainers size the job, on one node)",
+        )
+    _at_least("dist.ps.servers", ps.servers, 0, "0: one process without servers")
     _positive("dist.ps.trainers", ps.trainers)
     if ps.servers == 0 and ps.trainers != 1:
         raise ConfigError("dist.ps.trainers", ps.trainers, "1 with dist.ps.servers=0 (trainers share parameters through servers)")
-    _one_of("dist.ps.sync", ps.sync, PS_SYNC_MODES)
-    if ps.sync == "geo" and cfg.backend.name == "torch":
-        raise ConfigError("dist.ps.sync", "geo", "sync or async with backend=torch (geo-SGD is Paddle's; torch.distributed.rpc has no counterpart)")
     _positive("dist.ps.geo_k_steps", ps.geo_k_steps)
     if cfg.amp.level != "O0":
         raise ConfigError("amp", cfg.amp.level, "O0 with dist.mode=ps (parameter-server jobs train in float32)")
@@ -74,124 +189,17 @@ def _validate_ps(cfg: UnitrainConfig | Any) -> None:
         raise ConfigError("data.path", cfg.data.path, "an existing Criteo TSV file (label, I1..I13, C1..C26 per line) with data=criteo")
 
 
-def validate(cfg: UnitrainConfig | Any) -> None:
-    """Reject values that are well-typed but meaningless, naming the key and what is allowed."""
-    _one_of("backend.device", cfg.backend.device, DEVICES)
-    _one_of("amp.level", cfg.amp.level, AMP_LEVELS)
-    _one_of("amp.dtype", cfg.amp.dtype, AMP_DTYPES)
-    _one_of("amp.impl", cfg.amp.impl, AMP_IMPLS)
-    if cfg.amp.impl == "apex" and cfg.backend.name != "torch":
-        raise ConfigError("amp.impl", "apex", "native with backend=paddle (NVIDIA Apex is a PyTorch extension)")
-    _positive("amp.init_loss_scaling", cfg.amp.init_loss_scaling)
-    if cfg.amp.incr_ratio <= 1:
-        raise ConfigError("amp.incr_ratio", cfg.amp.incr_ratio, "a number > 1")
-    if not 0 < cfg.amp.decr_ratio < 1:
-        raise ConfigError("amp.decr_ratio", cfg.amp.decr_ratio, "a number in (0, 1)")
-    _positive("amp.incr_every_n_steps", cfg.amp.incr_every_n_steps)
-    _positive("amp.decr_every_n_nan_or_inf", cfg.amp.decr_every_n_nan_or_inf)
-    _one_of("model.name", cfg.model.name, MODELS.names() + list(PS_MODELS))
-    _one_of("model.init", cfg.model.init, ("framework", "shared"))
-    _one_of("data.name", cfg.data.name, DATASET_NAMES + PS_DATASETS)
-    _positive("data.image_size", cfg.data.image_size)
-    if cfg.data.num_classes < 2:
-        raise ConfigError("data.num_classes", cfg.data.num_classes, "an integer >= 2 (a classifier needs two classes)")
-    if cfg.data.num_samples is not None:
-        _positive("data.num_samples", cfg.data.num_samples)
-    if cfg.data.num_workers < 0:
-        raise ConfigError("data.num_workers", cfg.data.num_workers, "an integer >= 0")
-    _one_of("data.augment", cfg.data.augment, AUGMENTATIONS)
-    _one_of("data.remainder", cfg.data.remainder, SAMPLER_REMAINDERS)
-    _one_of("data.order", cfg.data.order, SAMPLER_ORDERS)
-    if cfg.data.name == "imagefolder":
-        if not cfg.data.path:
-            raise ConfigError("data.path", cfg.data.path, "a directory of class sub-directories (data=imagefolder)")
-        if not os.path.isdir(cfg.data.path):
-            raise ConfigError("data.path", cfg.data.path, "an existing directory of class sub-directories")
-    _one_of("dist.mode", cfg.dist.mode, DIST_MODES)
+def validate(cfg: Any) -> None:
+    """Refuse values that are well-typed but meaningless (a UnitrainConfig), naming the key and
+    what is allowed; then the backend's own refusals."""
+    _check_amp(cfg.amp)
+    _check_data(cfg.data)
     if cfg.dist.mode == "ps":
-        _validate_ps(cfg)
+        _check_ps(cfg)
     else:
-        if cfg.model.name in PS_MODELS:
-            raise ConfigError("model", cfg.model.name, f"one of {', '.join(MODELS.names())} with dist.mode=collective ({cfg.model.name} trains with dist.mode=ps)")
-        if cfg.data.name in PS_DATASETS:
-            raise ConfigError("data", cfg.data.name, f"one of {', '.join(DATASET_NAMES)} with dist.mode=collective ({cfg.data.name} is for dist.mode=ps)")
-        _one_of("optim.name", cfg.optim.name, ("momentum",))
-    _positive("optim.lr", cfg.optim.lr)
-    if not 0 <= cfg.optim.momentum < 1:  # also false for nan
-        raise ConfigError("optim.momentum", cfg.optim.momentum, "a number in [0, 1)")
-    if not math.isfinite(cfg.optim.weight_decay) or cfg.optim.weight_decay < 0:
-        raise ConfigError("optim.weight_decay", cfg.optim.weight_decay, "a number >= 0")
-    _one_of("optim.schedule", cfg.optim.schedule, LR_SCHEDULES)
-    _one_of("optim.lr_scaling", cfg.optim.lr_scaling, LR_SCALINGS)
-    if cfg.optim.warmup_steps < 0:
-        raise ConfigError("optim.warmup_steps", cfg.optim.warmup_steps, "an integer >= 0")
-    _positive("optim.step_size", cfg.optim.step_size)
-    if not 0 <= cfg.optim.label_smoothing < 1:
-        raise ConfigError("optim.label_smoothing", cfg.optim.label_smoothing, "a number in [0, 1)")
-    if cfg.optim.clip_grad_norm is not None:
-        _positive("optim.clip_grad_norm", cfg.optim.clip_grad_norm)
-    if cfg.optim.nesterov and cfg.optim.momentum == 0:
-        raise ConfigError("optim.nesterov", True, "false when optim.momentum=0 (Nesterov needs momentum)")
-    if cfg.trainer.steps is not None:
-        _positive("trainer.steps", cfg.trainer.steps)
-    _positive("trainer.epochs", cfg.trainer.epochs)
-    if cfg.trainer.seed < 0:
-        raise ConfigError("trainer.seed", cfg.trainer.seed, "an integer >= 0 (NumPy seeds the data order and shared weights with it)")
-    _positive("trainer.batch_size", cfg.trainer.batch_size)
-    if cfg.trainer.threads is not None:
-        _positive("trainer.threads", cfg.trainer.threads)
-        cores = available_cores()
-        if cfg.trainer.threads > cores:
-            # Oversubscribed threads measure contention, not the framework (1000 threads ran
-            # ~0.1% of the speed of 2 here).
-            raise ConfigError("trainer.threads", cfg.trainer.threads, f"at most {cores}, the cores this process may use (or unset: all of them)")
-    if cfg.trainer.eval_every < 0:
-        raise ConfigError("trainer.eval_every", cfg.trainer.eval_every, "an integer >= 0 (0: evaluate only at the end)")
-    _positive("trainer.eval_batch_size", cfg.trainer.eval_batch_size)
-    if cfg.data.val_samples < 0:
-        raise ConfigError("data.val_samples", cfg.data.val_samples, "an integer >= 0 (0: no held-out set)")
-    if cfg.data.val_path is not None and not os.path.isdir(cfg.data.val_path):
-        raise ConfigError("data.val_path", cfg.data.val_path, "an existing directory of class sub-directories")
-    if cfg.trainer.checkpoint_every < 0:
-        raise ConfigError("trainer.checkpoint_every", cfg.trainer.checkpoint_every, "an integer >= 0 (0: no checkpoints)")
-    if cfg.trainer.keep_checkpoints < 0:
-        raise ConfigError("trainer.keep_checkpoints", cfg.trainer.keep_checkpoints, "an integer >= 0 (0: keep every checkpoint)")
-    _one_of("trainer.on_nonfinite", cfg.trainer.on_nonfinite, NONFINITE_POLICIES)
-    _one_of("trainer.malloc", cfg.trainer.malloc, MALLOC_MODES)
-    _positive("trainer.log_every", cfg.trainer.log_every)
-    _positive("trainer.accumulate_steps", cfg.trainer.accumulate_steps)
-    _positive("trainer.repeats", cfg.trainer.repeats)
-    for name in cfg.trainer.loggers:
-        _one_of("trainer.loggers", name, LOGGERS)
-    if cfg.data.sample_delay_s < 0:
-        raise ConfigError("data.sample_delay_s", cfg.data.sample_delay_s, "a number of seconds >= 0")
-    _positive("dist.nproc_per_node", cfg.dist.nproc_per_node)
-    _positive("dist.nnodes", cfg.dist.nnodes)
-    if not 0 <= cfg.dist.node_rank < cfg.dist.nnodes:
-        raise ConfigError("dist.node_rank", cfg.dist.node_rank, f"an integer in [0, {cfg.dist.nnodes}) (dist.nnodes={cfg.dist.nnodes})")
-    if cfg.dist.nnodes > 1 and cfg.dist.master_port is None:
-        raise ConfigError("dist.master_port", None, "a port number that every node uses, when dist.nnodes > 1")
-    if cfg.dist.master_port is not None and not 0 < cfg.dist.master_port < 65536:
-        raise ConfigError("dist.master_port", cfg.dist.master_port, "a port number in 1..65535")
-    world = cfg.dist.nproc_per_node * cfg.dist.nnodes * cfg.trainer.accumulate_steps
-    if cfg.optim.lr_scaling == "keep_global" and cfg.trainer.batch_size % world:
-        raise ConfigError(
-            "trainer.batch_size", cfg.trainer.batch_size,
-            f"a multiple of {world} (processes x accumulate_steps) with optim.lr_scaling=keep_global",
-        )  # fmt: skip
-    _one_of("dist.comm_backend", cfg.dist.comm_backend, ("auto", "gloo", "nccl"))
-    check_all_reduce_levers(cfg.dist, cfg.backend.name)
-    _positive("dist.timeout_s", cfg.dist.timeout_s)
-    micro = BatchPlan.micro_batch_of(cfg, cfg.dist.nproc_per_node * cfg.dist.nnodes)
-    if micro < 2 and not cfg.model.freeze_bn:
-        raise ConfigError(
-            "trainer.batch_size", cfg.trainer.batch_size,
-            f"at least 2 samples per device and micro-step (this gives {micro}): BatchNorm cannot train on one sample; "
-            "or model.freeze_bn=true",
-        )  # fmt: skip
-    _one_of("profiler.mode", cfg.profiler.mode, PROFILER_MODES)
-    if cfg.profiler.warmup_steps < 0:
-        raise ConfigError("profiler.warmup_steps", cfg.profiler.warmup_steps, "an integer >= 0")
-    if cfg.profiler.start < 0:
-        raise ConfigError("profiler.start", cfg.profiler.start, "a step number >= 0")
-    _positive("profiler.steps", cfg.profiler.steps)
+        _check_collective(cfg)
+    _check_optim(cfg.optim)
+    _check_trainer(cfg.trainer)
+    _check_dist(cfg)
+    _check_profiler(cfg.profiler)
+    validation_module(cfg.backend.name).check(cfg)

@@ -23,20 +23,6 @@ from unitrain.errors import UnitrainError
 from unitrain.host.atomic import replace_text
 
 MANIFEST = "export.json"
-FORMATS = ("native", "onnx")
-#: How each (framework, format) is written and which runtime reads it back in the export check.
-WRITERS = {
-    ("torch", "native"): "torch.export",
-    ("torch", "onnx"): "torch.onnx.export",
-    ("paddle", "native"): "paddle.jit.save",
-    ("paddle", "onnx"): "paddle2onnx",
-}
-CHECKED_WITH = {
-    ("torch", "native"): "torch.export.load",
-    ("paddle", "native"): "paddle.inference predictor",
-    ("torch", "onnx"): "onnxruntime",
-    ("paddle", "onnx"): "onnxruntime",
-}
 
 
 class ArtifactError(UnitrainError):

@@ -1,39 +1,40 @@
-"""``python -m unitrain.export <run dir | checkpoint | latest> --format native,onnx [--to torch,paddle]``
+"""Deployable models from a checkpoint, each checked before it is kept.
 
-Writes deployable models from a checkpoint, in either framework's native format (torch.export
-``.pt2``; Paddle inference program ``.json`` + ``.pdiparams``) and as ONNX (torch.onnx.export;
-paddle2onnx), whichever framework trained it: weights convert exactly between the frameworks,
-so one checkpoint gives four artifacts. Each artifact is checked as soon as it is written:
-loaded back with its own runtime alone (torch.export.load, Paddle Inference, ONNX Runtime) and
-its logits on held-out images compared with the checkpoint's model in inference mode. Only an
-artifact that passes is moved into the export directory and listed in ``export.json``.
+Either framework's native format (torch.export ``.pt2``; Paddle inference program ``.json`` +
+``.pdiparams``) and ONNX (torch.onnx.export; paddle2onnx), whichever framework trained the
+checkpoint: weights convert exactly between the frameworks, so one checkpoint gives four
+artifacts. Each artifact is checked as soon as it is written: loaded back with its own runtime
+alone (torch.export.load, Paddle Inference, ONNX Runtime) and its logits on held-out images
+compared with the checkpoint's model in inference mode. Only an artifact that passes is moved
+into the export directory and listed in ``export.json``.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import time
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 from unitrain.deploy import artifacts
-from unitrain.interface.backend import capability, get_backend
-from unitrain.train.checkpoint import checkpoint_run_dir, find_checkpoint, read_meta, read_model_arrays
+from unitrain.deploy.runtimes import runtimes_for
 from unitrain.errors import UnitrainError
 from unitrain.host.machine import cpu
-from unitrain.model.weights import convert
-
-log = logging.getLogger("unitrain")
+from unitrain.interface.backend import Backend, get_backend
+from unitrain.interface.evaluation import evaluation_module
+from unitrain.interface.export import ExportModule, export_module
+from unitrain.model.weights import Arrays, convert
+from unitrain.train.checkpoint import checkpoint_run_dir, find_checkpoint, read_meta, read_model_arrays
 
 #: Held-out images the check runs on (dynamic-batch artifacts also at batch 1).
 CHECK_SAMPLES = 8
 #: Largest allowed |logit difference|, relative to the largest |logit| (at least 1): fp32
-#: rounding only. Measured (AVX2 CPU; tiny, ResNet18 and ResNet50; both source frameworks; all
-#: four artifacts): at most 3.4e-7. 1e-5 leaves room for other CPUs' kernels (README, "Export").
+#: rounding only, with room for other CPUs' kernels (docs/export-and-inference.md).
 TOLERANCE = 1e-5
 
 
@@ -41,31 +42,50 @@ class ExportCheckError(UnitrainError):
     """An artifact whose outputs differ from the checkpoint's beyond the tolerance (not kept)."""
 
 
-def reference(backend_name: str, arrays, model_name: str, classes: int, images: np.ndarray) -> np.ndarray:
-    """Logits of the checkpoint's own model, in its own framework, in inference mode."""
-    backend = get_backend(backend_name)
-    model = backend.build_model(model_name, classes)
-    backend.load_state_arrays(model, arrays)
-    with capability(backend, "evaluation").inference(model):
-        return np.asarray(backend.to_numpy(model(_tensor(backend_name, images))), dtype=np.float32)
+@dataclass(kw_only=True)
+class Source:
+    """The checkpoint: its weights, and its own model's logits (computed once per batch size)."""
+
+    framework: str
+    model: str
+    classes: int
+    arrays: Arrays
+    _logits: Dict[int, np.ndarray] = field(default_factory=dict)
+
+    def reference(self, images: np.ndarray) -> np.ndarray:
+        """Logits of the checkpoint's own model, in its own framework, in inference mode."""
+        if len(images) not in self._logits:
+            backend = get_backend(self.framework)
+            model = backend.build_model(self.model, self.classes)
+            backend.load_state_arrays(model, self.arrays)
+            predict = evaluation_module(self.framework).predict
+            self._logits[len(images)] = np.asarray(predict(model, images), dtype=np.float32)
+        return self._logits[len(images)]
 
 
-def _tensor(framework: str, images: np.ndarray):
-    if framework == "torch":
-        import torch
+@dataclass(frozen=True, kw_only=True)
+class Target:
+    """A framework the checkpoint is exported for: its backend and exporters, resolved once."""
 
-        return torch.from_numpy(images)
-    import paddle
+    framework: str
+    backend: Backend
+    exporters: ExportModule
 
-    return paddle.to_tensor(images)
+    @classmethod
+    def of(cls, framework: str) -> "Target":
+        return cls(framework=framework, backend=get_backend(framework), exporters=export_module(framework))
+
+    def model(self, source: Source) -> Any:
+        """The checkpoint's model in this framework, its weights converted exactly."""
+        model = self.backend.build_model(source.model, source.classes)
+        self.backend.load_state_arrays(model, convert(source.arrays, source.framework, self.framework))
+        return model
 
 
 def run_artifact(framework: str, fmt: str, path: Path, images: np.ndarray) -> np.ndarray:
     """The artifact's logits, computed by its deployment runtime alone (no unitrain model code):
     the first runtime ``unitrain.infer`` lists for it (torch.export.load, the Paddle Inference
     predictor, ONNX Runtime), so the check and the benchmark load an artifact the same way."""
-    from unitrain.deploy.runtimes import runtimes_for
-
     artifact = artifacts.Artifact(path.parent, path.name, framework, fmt, (path.name,), None)
     runtime = runtimes_for(artifact, threads=len(os.sched_getaffinity(0)))[0]
     runtime.load()
@@ -80,112 +100,121 @@ def compare_logits(ref: np.ndarray, got: np.ndarray) -> Dict[str, float]:
     }
 
 
+def tile(images: np.ndarray, size: int) -> np.ndarray:
+    """``size`` images, repeating the check batch when it is smaller."""
+    return np.ascontiguousarray(np.resize(images, (size, *images.shape[1:])) if size > len(images) else images[:size])
+
+
+def _check(source: Source, target: Target, fmt: str, batch: Optional[int], images: np.ndarray, file: Path) -> Dict[int, Dict[str, float]]:
+    """The artifact's logits against the checkpoint's, at its batch size (any batch: 1 and N)."""
+    checks = {}
+    for size in [1, len(images)] if batch is None else [batch]:
+        x = tile(images, size)
+        checks[size] = compare_logits(source.reference(x), run_artifact(target.framework, fmt, file, x))
+    return checks
+
+
 def export_one(
-    source: Dict[str, Any], arrays, framework: str, fmt: str, batch: Optional[int], images: np.ndarray, out: Path, tolerance: float
+    source: Source, target: Target, fmt: str, batch: Optional[int], images: np.ndarray, out: Path, tolerance: float
 ) -> Dict[str, Any]:
     """Write, check and move one artifact into ``out``; returns its manifest entry."""
-    backend = get_backend(framework)
-    model = backend.build_model(source["model"], source["classes"])
-    backend.load_state_arrays(model, convert(arrays, source["framework"], framework))
-    stem = artifacts.stem(framework, batch)
+    stem = artifacts.stem(target.framework, batch)
     tmp = out / f".export-{stem}-{fmt}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        module = capability(backend, "export")
+        write = target.exporters.save_onnx if fmt == "onnx" else target.exporters.save_native
         started = time.perf_counter()
-        write = module.save_onnx if fmt == "onnx" else module.save_native
-        example = artifacts_tile(images, batch or len(images))
-        files = write(model, tmp / stem, example, batch)
+        files = write(target.model(source), tmp / stem, tile(images, batch or len(images)), batch)
         export_s = time.perf_counter() - started
-        checks = {}
-        for size in ([1, len(images)] if batch is None else [batch]):
-            x = artifacts_tile(images, size)
-            ref = source["reference"](x)
-            checks[size] = compare_logits(ref, run_artifact(framework, fmt, files[0], x))
+        checks = _check(source, target, fmt, batch, images, files[0])
         worst = max(c["max_abs_diff"] / max(1.0, c["max_abs_logit"]) for c in checks.values())
         agreement = min(c["top1_agreement"] for c in checks.values())
         entry = {
-            "framework": framework, "format": fmt, "writer": artifacts.WRITERS[(framework, fmt)], "batch": batch,
-            "files": [f.name for f in files], "bytes": sum(f.stat().st_size for f in files),
-            "checked_with": artifacts.CHECKED_WITH[(framework, fmt)], "checked_batches": sorted(checks),
-            "max_abs_diff": max(c["max_abs_diff"] for c in checks.values()), "relative_diff": worst,
-            "top1_agreement": agreement, "tolerance": tolerance, "export_s": round(export_s, 3),
-        }  # fmt: skip
+            "framework": target.framework,
+            "format": fmt,
+            "writer": target.exporters.WRITERS[fmt],
+            "batch": batch,
+            "files": [f.name for f in files],
+            "bytes": sum(f.stat().st_size for f in files),
+            "checked_with": target.exporters.CHECKED_WITH[fmt],
+            "checked_batches": sorted(checks),
+            "max_abs_diff": max(c["max_abs_diff"] for c in checks.values()),
+            "relative_diff": worst,
+            "top1_agreement": agreement,
+            "tolerance": tolerance,
+            "export_s": round(export_s, 3),
+        }
         if worst > tolerance:
             raise ExportCheckError(
                 f"{files[0].name} computes something else than the checkpoint: largest |logit difference| "
                 f"{entry['max_abs_diff']:.3g} ({worst:.3g} of the largest logit, allowed {tolerance:g}), top-1 agreement "
                 f"{agreement:.1%}; it was not kept"
             )
-        for f in files:
-            if (out / f.name).exists():
-                raise UnitrainError(f"{out / f.name} already exists; allowed: a new --out directory, or remove it first")
-        for f in files:
-            os.replace(f, out / f.name)
+        _move_into(files, out)
         return entry
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def artifacts_tile(images: np.ndarray, size: int) -> np.ndarray:
-    """``size`` images, repeating the check batch when it is smaller."""
-    return np.ascontiguousarray(np.resize(images, (size, *images.shape[1:])) if size > len(images) else images[:size])
+def _move_into(files: List[Path], out: Path) -> None:
+    for f in files:
+        if (out / f.name).exists():
+            raise UnitrainError(f"{out / f.name} already exists; allowed: a new --out directory, or remove it first")
+    for f in files:
+        os.replace(f, out / f.name)
 
 
+def _export_dir(out: Optional[str], checkpoint: Path, origin: Dict[str, Any]) -> Path:
+    out_dir = Path(out) if out else checkpoint_run_dir(checkpoint) / "export"
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UnitrainError(f"--out={str(out_dir)!r} is not allowed: it is a file; allowed: a directory (created if missing)")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if (out_dir / artifacts.MANIFEST).exists():
+        earlier = artifacts.read_manifest(out_dir)["source"]["checkpoint"]
+        if earlier != origin["checkpoint"]:
+            raise UnitrainError(f"{out_dir} holds models exported from {earlier}; allowed: a new --out directory for {checkpoint}")
+    return out_dir
 
 
-
-
-def export(spec: str, formats: List[str], targets: Optional[List[str]], batches: List[Optional[int]], out: Optional[str], tolerance: float = TOLERANCE) -> Path:
+def export(
+    spec: str, formats: List[str], targets: Optional[List[str]], batches: List[Optional[int]], out: Optional[str], tolerance: float = TOLERANCE
+) -> Path:
     path = find_checkpoint(spec, [Path.cwd() / "runs", Path.cwd() / "multirun"], key="checkpoint")
     meta = read_meta(path)
     cfg = artifacts.job_config(meta["config"])
     data, data_description = artifacts.held_out(cfg, CHECK_SAMPLES)
     images, _ = artifacts.stack(data, range(CHECK_SAMPLES))
-    arrays = read_model_arrays(path)
-    classes = artifacts.num_classes(cfg, data)
-    out_dir = Path(out) if out else checkpoint_run_dir(path) / "export"
-    if out_dir.exists() and not out_dir.is_dir():
-        raise UnitrainError(f"--out={str(out_dir)!r} is not allowed: it is a file; allowed: a directory (created if missing)")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    manifest = artifacts.read_manifest(out_dir) if (out_dir / artifacts.MANIFEST).exists() else None
+    source = Source(framework=meta["framework"], model=meta["model"], classes=artifacts.num_classes(cfg, data), arrays=read_model_arrays(path))
     origin = {"checkpoint": str(path.resolve()), "framework": meta["framework"], "model": meta["model"], "step": meta["step"]}
-    if manifest and manifest["source"]["checkpoint"] != origin["checkpoint"]:
-        raise UnitrainError(f"{out_dir} holds models exported from {manifest['source']['checkpoint']}; allowed: a new --out directory for {path}")
-    manifest = manifest or {"source": origin, "config": meta["config"], "check_data": data_description, "artifacts": {}}
-
-    cache: Dict[int, np.ndarray] = {}
-
-    def ref(x: np.ndarray) -> np.ndarray:
-        key = len(x)
-        if key not in cache:
-            cache[key] = reference(meta["framework"], arrays, meta["model"], classes, x)
-        return cache[key]
-
-    source = {"framework": meta["framework"], "model": meta["model"], "classes": classes, "reference": ref}
+    out_dir = _export_dir(out, path, origin)
+    if (out_dir / artifacts.MANIFEST).exists():
+        manifest = artifacts.read_manifest(out_dir)
+    else:
+        manifest = {"source": origin, "config": meta["config"], "check_data": data_description, "artifacts": {}}
     for framework in targets or [meta["framework"]]:
+        target = Target.of(framework)
         for fmt in formats:
             for batch in batches:
-                entry = export_one(source, arrays, framework, fmt, batch, images, out_dir, tolerance)
-                entry["versions"] = {framework: get_backend(framework).version(), **_writer_versions(fmt)}
+                entry = export_one(source, target, fmt, batch, images, out_dir, tolerance)
+                entry["versions"] = {framework: target.backend.version(), **_writer_versions(fmt)}
                 manifest["artifacts"][entry["files"][0]] = entry
                 manifest["cpu"] = cpu()
                 artifacts.write_manifest(out_dir, manifest)
+                where = data_description.split(" (")[0]
                 print(
                     f"{meta['framework']} {meta['model']} step {meta['step']} -> {out_dir / entry['files'][0]} "
-                    f"({entry['writer']}, {'any batch' if batch is None else f'batch {batch}'}): checked with {entry['checked_with']} "
-                    f"on {data_description.split(' (')[0]}: max |logit diff| {entry['max_abs_diff']:.2g}, top-1 agreement {entry['top1_agreement']:.0%}",
+                    f"({entry['writer']}, {'any batch' if batch is None else f'batch {batch}'}): checked with "
+                    f"{entry['checked_with']} on {where}: max |logit diff| {entry['max_abs_diff']:.2g}, "
+                    f"top-1 agreement {entry['top1_agreement']:.0%}",
                     flush=True,
-                )  # fmt: skip
+                )
     return out_dir
 
 
 def _writer_versions(fmt: str) -> Dict[str, str]:
     if fmt != "onnx":
         return {}
-    from importlib.metadata import PackageNotFoundError, version
-
     found = {}
     for package in ("onnx", "onnxscript", "paddle2onnx", "onnxruntime"):
         try:
@@ -193,7 +222,3 @@ def _writer_versions(fmt: str) -> Dict[str, str]:
         except PackageNotFoundError:
             pass
     return found
-
-
-
-

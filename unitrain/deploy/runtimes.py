@@ -12,7 +12,8 @@ import numpy as np
 
 from unitrain.deploy import artifacts
 from unitrain.errors import UnitrainError
-from unitrain.interface.infer import Runtime
+from unitrain.interface.backend import get_backend
+from unitrain.interface.infer import Runtime, infer_module
 
 
 #: ONNX Runtime operators that compute in integers (static: QLinear*, QGemm; dynamic:
@@ -90,11 +91,8 @@ class OnnxRuntime(Runtime):
 def runtimes_for(artifact: artifacts.Artifact, threads: int) -> List[Runtime]:
     if artifact.format == "onnx":
         return [OnnxRuntime(artifact.path, threads)]
-    from unitrain.interface.backend import capability, get_backend
-
-    backend = get_backend(artifact.framework)
-    backend.set_threads(threads)
-    return capability(backend, "infer").runtimes(artifact.path, threads)
+    get_backend(artifact.framework).set_threads(threads)
+    return infer_module(artifact.framework).runtimes(artifact.path, threads)
 
 
 

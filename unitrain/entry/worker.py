@@ -19,8 +19,8 @@ from pathlib import Path
 
 
 def _start_time(pid: int) -> str | None:
-    # As unitrain.lifeline.start_time; repeated here because the status is written before
-    # anything is imported (lifeline is imported just after, see main).
+    # As unitrain.host.processes.start_time; repeated here because the status is written before
+    # anything of unitrain is imported (see main).
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii") as f:
             return f.read().rpartition(")")[2].split()[19]
@@ -78,11 +78,11 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     status(status="running")
 
-    from unitrain.host import processes as lifeline
+    from unitrain.host import processes
 
     # The kernel ends this worker with its parent (the launcher, or the main process), and the
     # watchdog with the main process, however either ends.
-    lifeline.die_with_parent()
+    processes.die_with_parent()
     if args.main_pid:
 
         def on_main_gone() -> None:
@@ -91,11 +91,11 @@ def main(argv: list[str] | None = None) -> int:
 
         # The start time the main process read of itself; read here only if it did not pass it
         # (then a pid reused before this line would pass for the main process).
-        main_started = args.main_start or lifeline.start_time(args.main_pid)
+        main_started = args.main_start or processes.start_time(args.main_pid)
         # The parent may have ended before prctl took effect: then no signal will ever come.
-        if os.getppid() != parent or main_started is None or lifeline.start_time(args.main_pid) != main_started:
+        if os.getppid() != parent or main_started is None or processes.start_time(args.main_pid) != main_started:
             on_main_gone()
-        lifeline.watch(args.main_pid, main_started, on_main_gone)
+        processes.watch(args.main_pid, main_started, on_main_gone)
 
     from unitrain.errors import NothingLeftToRun, UnitrainError
 
@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
         from unitrain.train.trainer import train
 
         cfg = OmegaConf.merge(OmegaConf.structured(UnitrainConfig), OmegaConf.load(args.config))
-        processes = cfg.dist.ps.servers + cfg.dist.ps.trainers if role else cfg.dist.nproc_per_node
-        export_threads(resolve_threads(cfg.trainer.threads, max(1, processes)))
+        per_node = cfg.dist.ps.servers + cfg.dist.ps.trainers if role else cfg.dist.nproc_per_node
+        export_threads(resolve_threads(cfg.trainer.threads, max(1, per_node)))
         get_backend(cfg.backend.name)
         # Importing paddle installs its own C++ SIGTERM handler, which dumps a stack and never
         # records that the launcher stopped this rank: take the signal back.

@@ -15,7 +15,6 @@ import ctypes
 import sys
 from typing import Any, Dict
 
-MODES = ("fixed", "dynamic")
 # mallopt parameters (malloc.h).
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 # Buffers up to this size come from the heap and are reused; larger ones (rare) are mmapped.

@@ -1,37 +1,38 @@
-"""The Backend interface and the registry that finds one by name.
+"""The Backend: the whole of what the training loop needs from a framework, as one object.
 
-A backend is the whole of what unitrain needs from a framework. Each lives in
-``unitrain.backends.<name>`` with the same module names (models, data, optim, distributed,
-precision, runtime) and is imported only when asked for, so choosing ``torch`` never imports
-paddle and a missing framework only matters to the backend that needs it.
+``backends/<name>/backend.py`` subclasses it and provides ``create_backend()``;
+:func:`get_backend` imports it on first use, so choosing ``torch`` never imports paddle and a
+missing framework only matters to the backend that needs it. What a backend offers beyond the
+training loop (export, inference, quantization, parameter servers...) is a module of its own,
+with a Protocol in the same-named module of :mod:`unitrain.interface`, not more methods here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-from pathlib import Path
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, List, Sequence, Tuple
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Protocol, Tuple, cast
 
 import numpy as np
 
 from unitrain.config.schema import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
+from unitrain.interface import modules
 from unitrain.interface.distributed import DistributedContext
-from unitrain.errors import BackendUnavailableError, UnitrainError, UnknownNameError
-from unitrain.model.weights import from_canonical, to_canonical
-from unitrain.model.initial_weights import shared_init
-from unitrain.model.specs import MODELS, ResNetSpec
 from unitrain.interface.precision import MixedPrecision
 from unitrain.interface.profiler import Tracer
+from unitrain.model.initial_weights import shared_init
+from unitrain.model.specs import MODELS, ResNetSpec
+from unitrain.model.weights import from_canonical, to_canonical
+
+#: A framework's own object (a module, an optimizer, a tensor): the core never looks inside.
+Native = Any
 
 
 class Backend(ABC):
     #: Registry name (``backend=<name>``).
     name: str
-    #: The top-level module of the framework and the package that provides it.
-    framework: str
+    #: The package that provides the framework, as pip names it.
     package: str
 
     # --- process-wide settings -------------------------------------------------------------
@@ -57,9 +58,15 @@ class Backend(ABC):
         return MixedPrecision(cfg)
 
     def build_model(
-        self, model: str | ResNetSpec, num_classes: int, device: str | None = None, zero_init_residual: bool = True, init: str = "framework", seed: int = 0
-    ):
-        """A ResNet from the shared specs (``"tiny"``, ``"resnet18"``, ``"resnet18_cifar"``, ``"resnet18_stride2"``, ``"resnet50"``), on ``device``.
+        self,
+        model: str | ResNetSpec,
+        num_classes: int,
+        device: str | None = None,
+        zero_init_residual: bool = True,
+        init: str = "framework",
+        seed: int = 0,
+    ) -> Native:
+        """A ResNet from the shared specs (:data:`unitrain.model.specs.MODELS`), on ``device``.
 
         ``init="shared"`` loads weights drawn in NumPy from ``seed``: the same on every framework.
         """
@@ -68,54 +75,57 @@ class Backend(ABC):
         if init == "shared":
             canonical = to_canonical(self.name, self.state_arrays(net))
             shapes = {name: tuple(array.shape) for name, array in canonical.items()}
-            self.load_state_arrays(net, from_canonical(self.name, shared_init(shapes, spec, seed, zero_init_residual)))
+            initial = shared_init(shapes, spec, seed, zero_init_residual)
+            self.load_state_arrays(net, from_canonical(self.name, initial))
         # Both frameworks' layers have .to(device) returning the layer itself.
         return net.to(device) if device else net
 
     @abstractmethod
-    def _build_resnet(self, spec: ResNetSpec, num_classes: int, zero_init_residual: bool): ...
+    def _build_resnet(self, spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -> Native: ...
 
     @abstractmethod
-    def build_optimizer(self, model, cfg: OptimConfig | None = None):
+    def build_optimizer(self, model: Native, cfg: OptimConfig | None = None) -> Native:
         """Momentum SGD with L2 weight decay, the seed's optimizer."""
 
     @abstractmethod
-    def set_lr(self, optimizer, lr: float) -> None: ...
+    def set_lr(self, optimizer: Native, lr: float) -> None: ...
 
     @abstractmethod
-    def make_loader(self, dataset, batch_sampler: Iterable[List[int]], num_workers: int = 0, device: str = "cpu"):
+    def make_loader(
+        self, dataset: Any, batch_sampler: Iterable[List[int]], num_workers: int = 0, device: str = "cpu"
+    ) -> Iterable[Tuple[Native, Native]]:
         """The framework's own DataLoader over a NumPy dataset, yielding (images, labels) on ``device``."""
 
     # --- step pieces ------------------------------------------------------------------------
     @abstractmethod
-    def loss(self, logits, labels, label_smoothing: float = 0.0):
+    def loss(self, logits: Native, labels: Native, label_smoothing: float = 0.0) -> Native:
         """Mean cross-entropy, computed in fp32, optionally against smoothed labels."""
 
     @abstractmethod
-    def to_numpy(self, tensor): ...
+    def to_numpy(self, tensor: Native) -> np.ndarray: ...
 
     @abstractmethod
-    def num_parameters(self, model) -> int:
+    def num_parameters(self, model: Native) -> int:
         """Trainable parameters (BatchNorm running statistics are not counted)."""
 
     @abstractmethod
-    def state_arrays(self, model) -> Dict[str, Any]:
+    def state_arrays(self, model: Native) -> Dict[str, np.ndarray]:
         """Every parameter and buffer as NumPy, in the framework's own names and layouts."""
 
     @abstractmethod
-    def load_state_arrays(self, model, arrays: Dict[str, Any]) -> None:
+    def load_state_arrays(self, model: Native, arrays: Dict[str, np.ndarray]) -> None:
         """Set the model's state from :meth:`state_arrays`-style NumPy arrays (names and shapes must match)."""
 
     @abstractmethod
-    def save_training_state(self, path: Path, optimizer, extra: Dict[str, Any]) -> None:
+    def save_training_state(self, path: Path, optimizer: Native, extra: Dict[str, Any]) -> None:
         """Optimizer state, RNG states and ``extra`` in the framework's own file format."""
 
     @abstractmethod
-    def load_training_state(self, path: Path, optimizer) -> Dict[str, Any]:
+    def load_training_state(self, path: Path, optimizer: Native) -> Dict[str, Any]:
         """Restore what :meth:`save_training_state` wrote; returns its ``extra``."""
 
     @abstractmethod
-    def parameter_arrays(self, model) -> Dict[str, Any]:
+    def parameter_arrays(self, model: Native) -> Dict[str, np.ndarray]:
         """Trainable parameters as NumPy arrays, by name (the names line up across backends)."""
 
     @abstractmethod
@@ -123,15 +133,16 @@ class Backend(ABC):
         """Ask the framework for deterministic kernels; returns what was set, for the record."""
 
     @contextlib.contextmanager
-    def capture_outputs(self, model) -> Iterator[List[Tuple[str, Any]]]:
+    def capture_outputs(self, model: Native) -> Iterator[List[Tuple[str, np.ndarray]]]:
         """Yield a list that fills with (layer name, NumPy output) for every leaf layer's call."""
-        outputs: List[Tuple[str, Any]] = []
-        # Copied at once: to_numpy of a CPU float32 tensor shares its memory, which an in-place
-        # activation after the layer (torch's ResNets use nn.ReLU(inplace=True)) then rewrites.
-        handles = [
-            self._on_output(layer, lambda out, name=name: outputs.append((name, np.array(self.to_numpy(out), copy=True))))
-            for name, layer in self._leaf_layers(model)
-        ]
+        outputs: List[Tuple[str, np.ndarray]] = []
+
+        def keep(name: str) -> Callable[[Native], None]:
+            # Copied at once: to_numpy of a CPU float32 tensor shares its memory, which an
+            # in-place activation after the layer (torch's nn.ReLU(inplace=True)) then rewrites.
+            return lambda out: outputs.append((name, np.array(self.to_numpy(out), copy=True)))
+
+        handles = [self._on_output(layer, keep(name)) for name, layer in self._leaf_layers(model)]
         try:
             yield outputs
         finally:
@@ -139,11 +150,11 @@ class Backend(ABC):
                 handle.remove()
 
     @abstractmethod
-    def _leaf_layers(self, model) -> Iterable[Tuple[str, Any]]:
+    def _leaf_layers(self, model: Native) -> Iterable[Tuple[str, Native]]:
         """(name, layer) for every layer without sub-layers."""
 
     @abstractmethod
-    def _on_output(self, layer, callback):
+    def _on_output(self, layer: Native, callback: Callable[[Native], None]) -> Any:
         """Call ``callback(output)`` after each forward of ``layer``; returns a handle with remove()."""
 
     @abstractmethod
@@ -155,72 +166,25 @@ class Backend(ABC):
         """Peak memory the framework allocated on an accelerator; None on the CPU."""
 
     @abstractmethod
-    def freeze_batchnorm(self, model) -> None:
+    def freeze_batchnorm(self, model: Native) -> None:
         """Put BatchNorm layers in inference mode: running statistics used, not updated."""
 
     def describe(self) -> Dict[str, Any]:
         return {"backend": self.name, "framework": self.package, "version": self.version(), "threads": self.threads()}
 
 
-def check_state(names, shapes: Dict[str, tuple], arrays: Dict[str, Any]) -> None:
-    """One line naming what does not fit, before a framework half-loads a state."""
-    missing, unexpected = sorted(set(names) - set(arrays)), sorted(set(arrays) - set(names))
-    if missing or unexpected:
-        raise UnitrainError(
-            f"the weights do not fit this model: {len(missing)} missing ({', '.join(missing[:3])}"
-            f"{'...' if len(missing) > 3 else ''}), {len(unexpected)} unexpected ({', '.join(unexpected[:3])}{'...' if len(unexpected) > 3 else ''})"
-        )
-    wrong = [f"{k} {tuple(arrays[k].shape)} vs {shapes[k]}" for k in names if tuple(arrays[k].shape) != shapes[k]]
-    if wrong:
-        raise UnitrainError(f"the weights do not fit this model: shapes differ for {len(wrong)} tensor(s), e.g. {wrong[0]}")
+class BackendModule(Protocol):
+    """What ``backends/<name>/backend.py`` provides."""
+
+    def create_backend(self) -> Backend: ...
 
 
-@dataclass(frozen=True)
-class _Entry:
-    module: str
-    framework: str
-    extra: str
-
-
-_BACKENDS: Dict[str, _Entry] = {
-    "paddle": _Entry("unitrain.backends.paddle", "paddle", "paddle"),
-    "torch": _Entry("unitrain.backends.torch", "torch", "torch"),
-}
 _INSTANCES: Dict[str, Backend] = {}
-
-
-def available_backends() -> Sequence[str]:
-    """Every backend unitrain knows, installed or not."""
-    return sorted(_BACKENDS)
 
 
 def get_backend(name: str) -> Backend:
     """The backend called ``name``, importing its framework on first use."""
-    if name not in _BACKENDS:
-        raise UnknownNameError("backend", name, _BACKENDS)
     if name not in _INSTANCES:
-        entry = _BACKENDS[name]
-        try:
-            module = importlib.import_module(entry.module)
-        except ModuleNotFoundError as err:
-            if err.name and err.name.split(".")[0] == entry.framework:
-                raise BackendUnavailableError(
-                    f"backend {name!r} needs the {entry.framework!r} framework, which is not installed; "
-                    f"install it with: pip install 'unitrain[{entry.extra}]'"
-                ) from None
-            raise
-        _INSTANCES[name] = module.Backend()
+        module = cast(BackendModule, modules.load(name, "backend"))
+        _INSTANCES[name] = module.create_backend()
     return _INSTANCES[name]
-
-
-def capability(backend: Backend, name: str):
-    """The backend's module for a capability (``evaluation``, ...): each capability is a core
-    module plus one module of the same name per backend, rather than more Backend methods."""
-    return importlib.import_module(f"{_BACKENDS[backend.name].module}.{name}")
-
-
-def decays(name: str, shape) -> bool:
-    """Whether ``optim.decay_norm_and_bias=false`` still decays this parameter: only the conv
-    and linear weights do (BatchNorm scales and shifts and biases are 1-D); the same rule on
-    both frameworks, whose parameter names line up."""
-    return len(shape) > 1

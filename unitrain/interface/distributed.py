@@ -7,15 +7,19 @@ collective library does differently once ``world_size > 1``.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator, TypeVar
+from typing import Any, Iterator, Optional, Protocol, TypeVar, cast
 
 import numpy as np
+
+from unitrain.config.schema import DistConfig
+from unitrain.interface import modules
 
 T = TypeVar("T")
 
 
 #: grad_sync's comm_hook when gradients travel as they are.
 NO_COMM_HOOK = "none (float32 all-reduce)"
+
 
 class DistributedContext:
     #: Reduction operations accepted by :meth:`all_reduce`.
@@ -86,10 +90,6 @@ class DistributedContext:
     def wrap_optimizer(self, optimizer: T) -> T:
         return optimizer
 
-    def unwrap_model(self, model: Any) -> Any:
-        """The user's model inside whatever :meth:`wrap_model` put around it."""
-        return model
-
     @contextlib.contextmanager
     def no_sync(self, model: Any) -> Iterator[None]:
         """Skip gradient synchronisation inside (non-final micro-steps of gradient accumulation)."""
@@ -109,3 +109,14 @@ class DistributedContext:
             "comm_backend": getattr(self, "comm_backend", None) if self.is_distributed else None,
             "grad_sync": self.grad_sync(),
         }
+
+
+class DistributedModule(Protocol):
+    """What ``backends/<name>/distributed.py`` provides."""
+
+    def make_context(self, cfg: Optional[DistConfig], device: str) -> DistributedContext:
+        """This process's context, from the variables the framework's launcher set."""
+
+
+def distributed_module(backend: str) -> DistributedModule:
+    return cast(DistributedModule, modules.load(backend, "distributed"))

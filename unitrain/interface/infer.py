@@ -1,11 +1,14 @@
-"""Inference runtimes: what a backend's ``infer.py`` provides for the artifacts it can read."""
+"""Inference runtimes: what ``backends/<name>/infer.py`` provides for the native artifacts it
+reads. ONNX Runtime, the framework-neutral one, is the core's (:mod:`unitrain.deploy.runtimes`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Protocol, cast
 
 import numpy as np
+
+from unitrain.interface import modules
 
 
 class Runtime:
@@ -31,3 +34,11 @@ class Runtime:
         """What really ran, as the runtime itself reports it after loading (never the request)."""
         return {}
 
+
+class InferModule(Protocol):
+    def runtimes(self, path: Path, threads: int) -> List[Runtime]:
+        """Every runtime of the framework that reads the native artifact at ``path``."""
+
+
+def infer_module(backend: str) -> InferModule:
+    return cast(InferModule, modules.load(backend, "infer"))

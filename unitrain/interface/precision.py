@@ -9,10 +9,11 @@ for any backend with this class alone.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager, Dict, FrozenSet, Tuple
+from typing import Any, ContextManager, Dict, FrozenSet, Protocol, Tuple, cast
 
 from unitrain.config.schema import AmpConfig
 from unitrain.errors import ConfigError
+from unitrain.interface import modules
 
 # Op names for amp.custom_white_list / amp.custom_black_list, the same on both backends
 # (each maps them to its own: paddle op types, torch module classes).
@@ -132,3 +133,14 @@ class ScaledMixedPrecision(MixedPrecision):
         if self.scaler and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.skipped_steps = state.get("skipped_steps", 0)
+
+
+class PrecisionModule(Protocol):
+    """What ``backends/<name>/precision.py`` provides."""
+
+    def make_precision(self, cfg: AmpConfig) -> MixedPrecision:
+        """The framework's MixedPrecision for ``cfg`` (its AMP, or Apex where asked)."""
+
+
+def precision_module(backend: str) -> PrecisionModule:
+    return cast(PrecisionModule, modules.load(backend, "precision"))

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Protocol, cast
+
+from unitrain.config.schema import ProfilerConfig
+from unitrain.interface import modules
 
 
 class Tracer:
@@ -43,3 +47,14 @@ class Tracer:
         if self.profiler is not None:
             self.profiler.stop()
         return self.path if self.written else None
+
+
+class ProfilerModule(Protocol):
+    """What ``backends/<name>/profiler.py`` provides."""
+
+    def make_tracer(self, cfg: ProfilerConfig, path: Path) -> Tracer:
+        """The framework's profiler over the configured step window, writing a Chrome trace to ``path``."""
+
+
+def profiler_module(backend: str) -> ProfilerModule:
+    return cast(ProfilerModule, modules.load(backend, "profiler"))

@@ -6,21 +6,21 @@ only mode ``unitrain.parity`` accepts), and each framework tuned as its authors 
 report labels every row with its reading and never ranks a tuned row against an untuned one.
 
 The base class is the "same settings" reading: every method is a no-op. A backend's
-``tuning.py`` subclasses it and overrides only what it applies, and records what it *observed*
+``speed_settings.py`` subclasses it (``Tuned``) and overrides only what it applies, and records what it *observed*
 ran (a compiled graph, a memory format, a static program), not what was asked for.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Protocol, Sequence, Type, cast
 
-from unitrain.interface.backend import Backend, capability
 from unitrain.errors import ConfigError
+from unitrain.interface import modules
 
 SAME_SETTINGS, TUNED = "same settings", "tuned"
 
 
-class Tuning:
+class SpeedSettings:
     """Same settings: the model, inputs and loop exactly as the job describes them.
 
     A subclass lists the settings it can apply in ``SETTINGS`` (name: what it is), the ones its
@@ -68,9 +68,18 @@ class Tuning:
         return {"settings": self.settings, "applied": self.observed(), "skipped": dict(self.skipped)}
 
 
-def make_tuning(backend: Backend, tuned: bool, device: str, chosen: Optional[Sequence[str]] = None) -> Tuning:
+class SpeedSettingsModule(Protocol):
+    #: The framework's own speed settings (``backend.tuned=true``).
+    Tuned: Type[SpeedSettings]
+
+
+def speed_settings_module(backend: str) -> SpeedSettingsModule:
+    return cast(SpeedSettingsModule, modules.load(backend, "speed_settings"))
+
+
+def make_speed_settings(backend: str, tuned: bool, device: str, chosen: Optional[Sequence[str]] = None) -> SpeedSettings:
     if not tuned:
         if chosen is not None:
             raise ConfigError("backend.tuned_settings", list(chosen), "null unless backend.tuned=true")
-        return Tuning(device)
-    return capability(backend, "speed_settings").Tuned(device, chosen)
+        return SpeedSettings(device)
+    return speed_settings_module(backend).Tuned(device, chosen)

@@ -30,6 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
+from hydra import compose, initialize_config_module
+from hydra.core.global_hydra import GlobalHydra
+
+from unitrain.config.schema import register_configs
+from unitrain.interface.launch import launch_module
+from unitrain.launch.preflight import one_line
+
 # The frameworks' out-of-memory errors: torch.OutOfMemoryError / "CUDA out of memory", Paddle's
 # ResourceExhaustedError ("Out of memory error on GPU"), and the CPU allocators' messages.
 OOM_PATTERNS = re.compile(r"out of memory|OutOfMemoryError|ResourceExhausted|can't allocate memory|std::bad_alloc", re.IGNORECASE)
@@ -155,13 +162,19 @@ class Search:
 
 
 def has_accelerator(overrides: List[str]) -> bool:
-    """Whether the job will run on an accelerator: asked for, or auto with one present."""
-    device = next((o.split("=", 1)[1] for o in overrides if o.startswith("backend.device=")), "auto")
-    if device == "cpu":
+    """Whether the job will run on an accelerator: asked for, or auto with one present (asked of
+    the framework in a child process: this one imports none)."""
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_module(config_module="unitrain.conf", version_base=None):
+            job = compose("config", overrides=[o for o in overrides if "=" in o and not o.startswith("-")])
+    except Exception as err:  # noqa: BLE001 - whatever Hydra raises, the user gets one line
+        raise UsageError(one_line(err)) from None
+    finally:
+        GlobalHydra.instance().clear()
+    if job.backend.device == "cpu":
         return False
-    backend = next((o.split("=", 1)[1] for o in overrides if o.startswith("backend=")), "torch")
-    probe = "import torch; print(torch.cuda.is_available())" if backend == "torch" else "import paddle; print(paddle.device.cuda.device_count() > 0)"
+    probe = launch_module(job.backend.name).ACCELERATOR_PROBE
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     return out.stdout.strip().endswith("True")
-
-

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 from typing import Iterable, List, Optional
 
@@ -20,6 +21,8 @@ from hydra.errors import OverrideParseException
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+#: OmegaConf's words for a value outside an Enum.
+_CHOICE = re.compile(r"Invalid value '(.*)', expected one of \[(.*)\]")
 #: Files whose presence means a directory holds an earlier job's results.
 RESULT_FILES = ("metrics.jsonl", "summary.json", "parity.json")
 
@@ -71,6 +74,10 @@ def one_line(err: BaseException) -> str:
     if isinstance(cause, ValidationError):
         key = getattr(cause, "full_key", None) or "?"
         first = str(cause).splitlines()[0]
+        choice = _CHOICE.match(first)
+        if choice:  # a value outside a Choice: said as every other refused value is
+            value, allowed = choice.groups()
+            return f"{key.split('[')[0]}={value!r} is not allowed: one of {allowed}"
         return f"{key}: {first}"
     if isinstance(err, OverrideParseException):
         return f"cannot parse the overrides: {str(err).splitlines()[0]} (see Hydra's override grammar)"

@@ -1,62 +1,44 @@
-"""Model state between frameworks, as NumPy: the canonical layout is PyTorch's.
-
-Paddle and PyTorch name the ResNet parameters unitrain builds the same way, except that
-Paddle's BatchNorm statistics are ``_mean``/``_variance`` (``running_mean``/``running_var``)
-and its Linear weights are stored [in, out] (PyTorch: [out, in]). PyTorch also counts
-``num_batches_tracked`` per BatchNorm, which Paddle has no counterpart for; it only matters
-when BatchNorm's momentum is None, which unitrain never uses, so it is set to 0 on the way in
-and dropped on the way out. Every other value round-trips bit for bit.
-"""
+"""Model weights between frameworks, as NumPy, through one canonical layout (PyTorch's names and
+layouts). Each backend's ``weights.py`` says how its own state differs from the canonical one;
+no framework is imported to convert."""
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Any, Dict, Iterable
 
 import numpy as np
 
 from unitrain.errors import UnitrainError
+from unitrain.interface.weights import weights_module
 
 Arrays = Dict[str, np.ndarray]
-FRAMEWORKS = ("paddle", "torch")
-_PADDLE_TO_TORCH_SUFFIX = {"._mean": ".running_mean", "._variance": ".running_var"}
-
-
-def _is_linear_weight(name: str, array: np.ndarray) -> bool:
-    # In the ResNets, 2-D weights are exactly the Linear ones (conv weights are 4-D).
-    return name.endswith(".weight") and array.ndim == 2
 
 
 def to_canonical(framework: str, arrays: Arrays) -> Arrays:
-    if framework == "torch":
-        return dict(arrays)
-    if framework != "paddle":
-        raise UnitrainError(f"unknown framework {framework!r}; available: {', '.join(FRAMEWORKS)}")
-    out: Arrays = {}
-    for name, array in arrays.items():
-        for old, new in _PADDLE_TO_TORCH_SUFFIX.items():
-            if name.endswith(old):
-                name = name[: -len(old)] + new
-                if new == ".running_var":
-                    out[name[: -len(new)] + ".num_batches_tracked"] = np.array(0, dtype=np.int64)
-        out[name] = np.ascontiguousarray(array.T) if _is_linear_weight(name, array) else array
-    return out
+    return weights_module(framework).to_canonical(arrays)
 
 
 def from_canonical(framework: str, arrays: Arrays) -> Arrays:
-    if framework == "torch":
-        return dict(arrays)
-    if framework != "paddle":
-        raise UnitrainError(f"unknown framework {framework!r}; available: {', '.join(FRAMEWORKS)}")
-    out: Arrays = {}
-    for name, array in arrays.items():
-        if name.endswith(".num_batches_tracked"):
-            continue
-        for old, new in _PADDLE_TO_TORCH_SUFFIX.items():
-            if name.endswith(new):
-                name = name[: -len(new)] + old
-        out[name] = np.ascontiguousarray(array.T) if _is_linear_weight(name, array) else array
-    return out
+    return weights_module(framework).from_canonical(arrays)
 
 
 def convert(arrays: Arrays, source: str, target: str) -> Arrays:
+    """``source``'s state as ``target``'s, exactly."""
     return from_canonical(target, to_canonical(source, arrays))
+
+
+def check_state(names: Iterable[str], shapes: Dict[str, tuple], arrays: Dict[str, Any]) -> None:
+    """One line naming what does not fit, before a framework half-loads a state."""
+    names = list(names)
+    missing, unexpected = sorted(set(names) - set(arrays)), sorted(set(arrays) - set(names))
+    if missing or unexpected:
+
+        def some(keys: list) -> str:
+            return ", ".join(keys[:3]) + ("..." if len(keys) > 3 else "")
+
+        raise UnitrainError(
+            f"the weights do not fit this model: {len(missing)} missing ({some(missing)}), {len(unexpected)} unexpected ({some(unexpected)})"
+        )
+    wrong = [f"{k} {tuple(arrays[k].shape)} vs {shapes[k]}" for k in names if tuple(arrays[k].shape) != shapes[k]]
+    if wrong:
+        raise UnitrainError(f"the weights do not fit this model: shapes differ for {len(wrong)} tensor(s), e.g. {wrong[0]}")

@@ -19,16 +19,17 @@ import logging
 import math
 import statistics
 import time
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
 from unitrain.host import machine
-from unitrain.data.criteo import DENSE_FEATURES, HELD_OUT, SPARSE_SLOTS, CtrData, auc, log_loss, read_tsv, synthetic
+from unitrain.data.criteo import HELD_OUT, CtrData, auc, log_loss, read_tsv, synthetic
 from unitrain.errors import UnitrainError
+from unitrain.interface.backend import get_backend
+from unitrain.interface.launch import launch_module
+from unitrain.interface.ps import PsProgram, Role, ps_module
 
 log = logging.getLogger("unitrain")
 
@@ -37,89 +38,19 @@ DEFAULT_ROWS, DEFAULT_HELD_OUT = 20_000, 4_000
 #: Steps left out of examples/s: the first pulls create the servers' table rows.
 WARMUP_STEPS = 2
 RESULTS = "ps"  # per-trainer results, <run_dir>/ps/trainer<i>.json
-#: Embedding rows start uniform in +-EMBED_INIT on both frameworks (Paddle's servers draw a row
-#: when it is first pulled, so only the scheme, not the draws, can be shared).
-EMBED_INIT = 0.01
 
 
-def tower_init(cfg) -> List[Tuple[np.ndarray, np.ndarray]]:
-    """The dense part's initial weights, drawn once in NumPy so that both frameworks start from
-    the same ones: each deep layer, the output layer, then the wide part's linear term on the
-    dense features. Weights are [in, out] (Paddle's layout; torch transposes), drawn as
-    torch.nn.Linear draws them, U(-1/sqrt(in), 1/sqrt(in))."""
-    rng = np.random.default_rng((cfg.trainer.seed, 3))  # stream 3: not the data's or the ResNets'
-    widths = [DENSE_FEATURES + SPARSE_SLOTS * cfg.model.embedding_dim, *cfg.model.hidden_layers, 1]
-    layers = [(widths[i], widths[i + 1]) for i in range(len(widths) - 1)] + [(DENSE_FEATURES, 1)]
-    out = []
-    for fan_in, fan_out in layers:
-        bound = 1.0 / math.sqrt(fan_in)
-        out.append((rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32), rng.uniform(-bound, bound, fan_out).astype(np.float32)))
-    return out
 
 
-@dataclass(frozen=True)
-class Role:
-    kind: str  # "server" or "trainer"
-    index: int
-    servers: int
-    trainers: int
-
-    @property
-    def name(self) -> str:
-        return f"{self.kind} {self.index}"
-
-    @property
-    def rank(self) -> int:
-        """Global rank: servers first, as torchrun's ranks are laid out."""
-        return self.index if self.kind == "server" else self.servers + self.index
-
-    @property
-    def log_file(self) -> str:
-        # Named as paddle.distributed.launch names them in parameter-server mode.
-        return f"{'serverlog' if self.kind == 'server' else 'workerlog'}.{self.index}"
 
 
 def role_from_env(backend: str, env: Mapping[str, str], servers: int, trainers: int) -> Role:
     """This process's role, read from what the framework's launcher set."""
     if servers == 0:
         return Role("trainer", 0, 0, 1)
-    if backend == "paddle":
-        # paddle.distributed.launch: TRAINING_ROLE, and for a server its endpoint's place in
-        # the server list; for a trainer PADDLE_TRAINER_ID.
-        if env.get("TRAINING_ROLE") == "PSERVER":
-            endpoint = f"{env.get('POD_IP', '127.0.0.1')}:{env.get('PADDLE_PORT', '')}"
-            endpoints = env.get("PADDLE_PSERVERS_IP_PORT_LIST", "").split(",")
-            return Role("server", endpoints.index(endpoint) if endpoint in endpoints else 0, servers, trainers)
-        return Role("trainer", int(env.get("PADDLE_TRAINER_ID", "0")), servers, trainers)
-    rank = int(env.get("RANK", "0"))
-    return Role("server", rank, servers, trainers) if rank < servers else Role("trainer", rank - servers, servers, trainers)
+    return launch_module(backend).ps_role(env, servers, trainers)
 
 
-class PsProgram(ABC):
-    """One process of a parameter-server job, as a backend builds it (``build(cfg, role)``)."""
-
-    def run_server(self) -> None:
-        """Serve parameters until the trainers are done (servers only)."""
-        raise NotImplementedError
-
-    @abstractmethod
-    def train_batch(self, batch: CtrData) -> float:
-        """One step on ``batch``: forward, backward, push gradients, pull parameters; the loss."""
-
-    @abstractmethod
-    def predict(self, batch: CtrData) -> np.ndarray:
-        """Click probabilities for ``batch`` with the current parameters, without training."""
-
-    def end_training(self) -> None:
-        """After a trainer's last step: wait for the other trainers, so that what is evaluated
-        next is the job's final model."""
-
-    def observed(self) -> Dict[str, Any]:
-        """What the framework reports it ran (mode, traffic), read back from it."""
-        return {}
-
-    def close(self) -> None:
-        """Leave the job: stop the worker side, shut the RPC agent down."""
 
 
 def load_data(cfg, held_out: bool) -> Tuple[CtrData, Optional[CtrData]]:
@@ -236,12 +167,10 @@ def _write_eval(metrics, record: Dict[str, float], role: Role) -> None:
 
 def run_process(cfg, run_dir: Path, role: Role) -> None:
     """What each process of the job runs (entry/worker.py calls it): serve, or train."""
-    from unitrain.interface.backend import capability, get_backend
-
     backend = get_backend(cfg.backend.name)
     backend.set_threads(cfg.trainer.threads)
     backend.seed(cfg.trainer.seed)
-    program = capability(backend, "ps").build(cfg, role)
+    program = ps_module(cfg.backend.name).build(cfg, role)
     try:
         if role.kind == "server":
             program.run_server()

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 from unitrain.host.machine import describe_cpu
+from unitrain.report import style
 from unitrain.report.tables import markdown as md_table
 
 
@@ -59,7 +60,7 @@ def plot(result: Dict[str, Any], path: Path) -> Path:
 
     ok = [r for r in result["rows"] if "error" not in r]
     small, large = str(min(result["batches"])), str(max(result["batches"]))
-    colors = {"torch": "#ee4c2c", "paddle": "#2932e1"}
+    colors = style.colors()
     fig, axes = plt.subplots(1, 2, figsize=(12, max(3, 0.45 * len(ok) + 1.5)))
     labels = [f"{r['runtime']}\n{r['name']}" for r in ok]
     for ax, batch, key, title in ((axes[0], small, "p50_ms", f"latency at batch {small} (ms; p50, bar to p99)"), (axes[1], large, "throughput_ips", f"throughput at batch {large} (images/s)")):
@@ -75,7 +76,7 @@ def plot(result: Dict[str, Any], path: Path) -> Path:
         ax.invert_yaxis()
         ax.set_title(title, fontsize=9)
     axes[1].set_yticks([])
-    fig.suptitle(f"inference, {result['threads']} thread(s); colour: framework that wrote the model file (torch red, paddle blue; ONNX hatched)", fontsize=9)
+    fig.suptitle(f"inference, {result['threads']} thread(s); colour: framework that wrote the model file ({style.color_legend()}; ONNX hatched)", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

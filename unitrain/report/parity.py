@@ -8,7 +8,7 @@ from typing import Any, Dict, List
 from unitrain.host import machine
 
 
-def plot(records: List[Dict[str, float]], tolerance: float, path: Path) -> None:
+def plot(records: List[Dict[str, float]], frameworks: List[str], tolerance: float, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -16,8 +16,8 @@ def plot(records: List[Dict[str, float]], tolerance: float, path: Path) -> None:
 
     steps = [r["step"] for r in records]
     fig, (ax_loss, ax_diff) = plt.subplots(1, 2, figsize=(11, 4))
-    ax_loss.plot(steps, [r["loss_paddle"] for r in records], label="paddle")
-    ax_loss.plot(steps, [r["loss_torch"] for r in records], "--", label="torch")
+    for name, style in zip(frameworks, ("-", "--")):
+        ax_loss.plot(steps, [r[f"loss_{name}"] for r in records], style, label=name)
     ax_loss.set(title="loss, same weights and batches", xlabel="step", ylabel="loss")
     ax_loss.legend()
     floor = 1e-12  # a log axis cannot show an exact zero
@@ -34,10 +34,12 @@ def plot(records: List[Dict[str, float]], tolerance: float, path: Path) -> None:
 
 
 def format_table(report: Dict[str, Any]) -> str:
-    lines = ["| step | loss paddle | loss torch | abs diff | rel diff | max param diff | BN stats rel diff |", "|---|---|---|---|---|---|---|"]
+    a, b = report["frameworks"]
+    lines = [f"| step | loss {a} | loss {b} | abs diff | rel diff | max param diff | BN stats rel diff |", "|---|---|---|---|---|---|---|"]
     for r in report["per_step"]:
         lines.append(
-            f"| {r['step']} | {r['loss_paddle']:.6f} | {r['loss_torch']:.6f} | {r['abs_diff']:.2e} | {r['rel_diff']:.2e} | {r['max_param_diff']:.2e} | {r['running_stat_rel_diff']:.2e} |"
+            f"| {r['step']} | {r[f'loss_{a}']:.6f} | {r[f'loss_{b}']:.6f} | {r['abs_diff']:.2e} | {r['rel_diff']:.2e} "
+            f"| {r['max_param_diff']:.2e} | {r['running_stat_rel_diff']:.2e} |"
         )
     a = report["first_batch_activations"]
     first = a["first_beyond_tolerance"]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from unitrain.host.machine import describe_cpu
+from unitrain.report import style
 
 RESULT = "quantize.json"
 
@@ -144,7 +145,7 @@ def plot(rows: List[Dict[str, Any]], batches: List[int], path: Path) -> Path:
         int8 = r["effective"].startswith("int8 kernels")
         color = colors.get(r["precision"], "grey")
         ax.scatter(r["latency"][large]["throughput_ips"], r["top1"], s=30 + 400 * (r["bytes"] or 0) / biggest,
-                   facecolors=color if int8 else "none", edgecolors=color, marker="o" if r["framework"] == "torch" else "s")  # fmt: skip
+                   facecolors=color if int8 else "none", edgecolors=color, marker=style.markers().get(r["framework"], "o"))  # fmt: skip
         ax.annotate(f"{r['framework']} {r['runtime'].split(' (')[0]}", (r["latency"][large]["throughput_ips"], r["top1"]), fontsize=6,
                     xytext=(4, 2), textcoords="offset points")  # fmt: skip
     ax.set_xscale("log")
@@ -152,7 +153,8 @@ def plot(rows: List[Dict[str, Any]], batches: List[int], path: Path) -> Path:
     ax.set_ylabel("held-out top-1")
     handles = [plt.Line2D([], [], marker="o", ls="", color=c, label=m) for m, c in colors.items()]
     ax.legend(handles=handles, title="method", fontsize=8)
-    ax.set_title("quantization: colour = method, circle torch / square paddle, area = file size, filled = int8 kernels ran", fontsize=9)
+    shapes = " / ".join(f"{'square' if m == 's' else 'circle'} {name}" for name, m in style.markers().items())
+    ax.set_title(f"quantization: colour = method, {shapes}, area = file size, filled = int8 kernels ran", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

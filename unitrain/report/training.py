@@ -321,7 +321,7 @@ def table_rows(
 
 
 def settings_of(run: Run) -> str:
-    """"tuned" or "same settings", from what the run recorded (runs before unitrain.tuning: same)."""
+    """"tuned" or "same settings", from what the run recorded (runs that recorded no reading: same)."""
     return (run.summary.get("tuning") or {}).get("settings", "same settings")
 
 

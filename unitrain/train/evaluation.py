@@ -15,7 +15,8 @@ from typing import Dict, Iterator, List
 
 import numpy as np
 
-from unitrain.interface.backend import Backend, capability
+from unitrain.interface.backend import Backend
+from unitrain.interface.evaluation import evaluation_module
 from unitrain.data.datasets import guard
 
 
@@ -56,7 +57,7 @@ class Evaluator:
         self.backend, self.dataset, self.dist = backend, dataset, dist
         self.batches = HeldOutBatches(len(dataset), batch_size, dist.world_size, dist.rank)
         self.loader = guard(backend.make_loader(dataset, self.batches, num_workers, dist.device), dataset, backend)
-        self.inference = capability(backend, "evaluation").inference
+        self.inference = evaluation_module(backend.name).inference
 
     def __call__(self, model, precision) -> Dict[str, float]:
         """``val_loss``, ``val_top1``, ``val_top5`` over the whole set, and ``eval_s``.

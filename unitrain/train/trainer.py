@@ -34,7 +34,7 @@ from unitrain.interface.profiler import Tracer
 from unitrain.train.step_timer import Profiler
 from unitrain.train.progress import StepProgress
 from unitrain.train.tracing import load_events, operators_markdown, top_operators
-from unitrain.interface.speed_settings import Tuning, make_tuning
+from unitrain.interface.speed_settings import SpeedSettings, make_speed_settings
 from unitrain.data.sampler import DistributedBatchSampler
 from unitrain.config.schedule import BatchPlan, lr_at
 from unitrain.host.threads import export_threads, resolve_threads
@@ -70,7 +70,7 @@ class Job:
     start_step: int = 0
     history: List[Dict[str, Any]] = field(default_factory=list)  # another framework's records say so (label_history)
     evaluator: Optional[Evaluator] = None
-    tuning: Tuning = field(default_factory=Tuning)
+    speed: SpeedSettings = field(default_factory=SpeedSettings)
 
 
 class Trainer:
@@ -126,8 +126,8 @@ class Trainer:
         model = backend.build_model(cfg.model.name, num_classes, dist.device, cfg.model.zero_init_residual, cfg.model.init, cfg.trainer.seed)
         if self.prepare_model is not None:
             model = self.prepare_model(model)
-        tuning = make_tuning(backend, cfg.backend.tuned, dist.device, cfg.backend.tuned_settings)
-        model = tuning.prepare_model(model)
+        speed = make_speed_settings(backend.name, cfg.backend.tuned, dist.device, cfg.backend.tuned_settings)
+        model = speed.prepare_model(model)
         optimizer = backend.build_optimizer(model, cfg.optim)
         model, optimizer = precision.decorate(model, optimizer)
         start_step, history = self._resume(model, optimizer, precision)
@@ -138,13 +138,13 @@ class Trainer:
             clean_partial_checkpoints(self.run_dir)
         held_out = build_heldout_dataset(cfg.data, seed=cfg.trainer.seed)
         evaluator = Evaluator(backend, held_out, dist, cfg.trainer.eval_batch_size, cfg.data.num_workers) if held_out is not None else None
-        wrapped_model, wrapped_optimizer = tuning.wrap_model(dist.wrap_model(model)), dist.wrap_optimizer(optimizer)
+        wrapped_model, wrapped_optimizer = speed.wrap_model(dist.wrap_model(model)), dist.wrap_optimizer(optimizer)
         if cfg.data.augment != "none":
             dataset, sampler = AugmentedDataset(dataset, cfg.trainer.seed, cfg.data.augment), EpochKeyedBatches(sampler, len(dataset))
         loader = guard(backend.make_loader(dataset, sampler, cfg.data.num_workers, dist.device), dataset, backend)
         return Job(
             dist, precision, plan, dataset, sampler, loader, wrapped_model, wrapped_optimizer, model, optimizer,
-            steps_per_epoch, total_steps, num_classes, start_step, history, evaluator, tuning,
+            steps_per_epoch, total_steps, num_classes, start_step, history, evaluator, speed,
         )  # fmt: skip
 
     def train_mode(self, job: "Job") -> None:
@@ -166,7 +166,7 @@ class Trainer:
             sync = contextlib.nullcontext() if micro == accumulate else job.dist.no_sync(job.model)
             with sync:
                 with precision.autocast():
-                    logits = job.model(precision.convert_input(job.tuning.convert_input(images)))
+                    logits = job.model(precision.convert_input(job.speed.convert_input(images)))
                     loss = backend.loss(logits, labels, self.cfg.optim.label_smoothing)
                 precision.backward(loss / accumulate if accumulate > 1 else loss)
             # Reading values back also waits for the device, so the step time is honest.
@@ -261,7 +261,7 @@ class Trainer:
             cpu=machine.cpu(),
             data_skipped_files=self._skipped(job),
             eval=self._eval_summary(evaluations),
-            tuning=job.tuning.describe(),
+            tuning=job.speed.describe(),
             # Which framework ran which steps: a run resumed from the other framework's
             # checkpoint holds its steps, clock and evaluations up to the checkpoint.
             steps_by_framework=steps_by_framework(metrics.records, backend.name),
@@ -304,7 +304,7 @@ class Trainer:
             pending.clear()
 
     def _config(self) -> Dict[str, Any]:
-        return OmegaConf.to_container(self.cfg, resolve=True) if OmegaConf.is_config(self.cfg) else dataclasses.asdict(self.cfg)
+        return OmegaConf.to_container(self.cfg, resolve=True, enum_to_str=True) if OmegaConf.is_config(self.cfg) else dataclasses.asdict(self.cfg)
 
     def _resume(self, model, optimizer, precision) -> Tuple[int, List[Dict[str, Any]]]:
         """Restore ``trainer.resume``'s state into the unwrapped model: the step to continue

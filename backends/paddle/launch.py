@@ -1,0 +1,69 @@
+"""paddle.distributed.launch, as unitrain invokes it (this module does not import paddle)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Mapping, Optional
+
+from unitrain.config.schema import DistConfig
+from unitrain.errors import UnitrainError
+from unitrain.interface.launch import Launcher, busy_port_error
+from unitrain.interface.ps import Role
+
+__all__ = ["ACCELERATOR_PROBE", "LAUNCHER", "ps_role"]
+
+ACCELERATOR_PROBE = "import paddle; print(paddle.device.cuda.device_count() > 0)"
+
+
+class _PaddleLauncher(Launcher):
+    module, writes_workerlogs = "paddle.distributed.launch", True
+    rank_env, local_rank_env = "PADDLE_TRAINER_ID", "PADDLE_LOCAL_RANK"
+    # Its HTTP master waits for the other nodes with no time limit (--elastic_timeout only
+    # applies to etcd:// masters): the main process keeps the clock.
+    times_out_rendezvous = False
+    # Parameter-server mode is static graph only, and Paddle's sparse tables fail under PIR.
+    ps_env = {"FLAGS_enable_pir_api": "0"}
+
+    def options(self, dist: DistConfig, run_dir: Path) -> List[str]:
+        # --max_restart 0: a failed worker ends the job (paddle's default restarts it 3 times).
+        opts = ["--nproc_per_node", str(dist.nproc_per_node), "--nnodes", str(dist.nnodes)]
+        opts += ["--log_dir", str(run_dir), "--max_restart", "0"]
+        if dist.nnodes > 1:
+            opts += ["--master", f"{dist.master_addr}:{dist.master_port}", "--rank", str(dist.node_rank)]
+        elif dist.master_port is not None:
+            # On one node --master is never contacted and the workers' store takes a random
+            # port; with --ips and --start_port the store (PADDLE_MASTER) is <ips>:<start_port>.
+            opts += ["--ips", dist.master_addr, "--start_port", str(dist.master_port)]
+        return opts
+
+    def ps_options(self, dist: DistConfig, run_dir: Path) -> List[str]:
+        # --server_num/--trainer_num select the parameter-server controller (--worker_num would
+        # silently fall back to the legacy launcher); it writes serverlog.N and workerlog.N.
+        opts = ["--server_num", str(dist.ps.servers), "--trainer_num", str(dist.ps.trainers)]
+        return opts + ["--log_dir", str(run_dir), "--max_restart", "0"]
+
+    def known_failure(
+        self, dist: DistConfig, launcher_log: str, worker_logs: List[str], started: bool
+    ) -> Optional[UnitrainError]:
+        # Rank 0 creates the store on the master port; a busy one aborts it in libuv.
+        if dist.node_rank == 0 and worker_logs and "TCPServer::create" in worker_logs[0]:
+            if dist.master_port:
+                return busy_port_error(dist.master_port)
+            return UnitrainError(
+                "paddle's workers could not listen on the port paddle.distributed.launch chose; "
+                "set a free dist.master_port"
+            )
+        return None
+
+
+LAUNCHER = _PaddleLauncher()
+
+
+def ps_role(env: Mapping[str, str], servers: int, trainers: int) -> Role:
+    """paddle.distributed.launch sets TRAINING_ROLE, and for a server its endpoint, whose place in
+    the server list is its index; for a trainer PADDLE_TRAINER_ID."""
+    if env.get("TRAINING_ROLE") == "PSERVER":
+        endpoint = f"{env.get('POD_IP', '127.0.0.1')}:{env.get('PADDLE_PORT', '')}"
+        endpoints = env.get("PADDLE_PSERVERS_IP_PORT_LIST", "").split(",")
+        return Role("server", endpoints.index(endpoint) if endpoint in endpoints else 0, servers, trainers)
+    return Role("trainer", int(env.get("PADDLE_TRAINER_ID", "0")), servers, trainers)

@@ -1,0 +1,62 @@
+"""torchrun (torch.distributed.run), as unitrain invokes it (this module does not import torch)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import List, Mapping, Optional
+
+from unitrain.config.schema import DistConfig
+from unitrain.errors import UnitrainError
+from unitrain.host.ports import free_port
+from unitrain.interface.launch import Launcher, busy_port_error, not_joined_error
+from unitrain.interface.ps import Role
+
+__all__ = ["ACCELERATOR_PROBE", "LAUNCHER", "ps_role"]
+
+ACCELERATOR_PROBE = "import torch; print(torch.cuda.is_available())"
+
+
+class _TorchLauncher(Launcher):
+    module, writes_workerlogs = "torch.distributed.run", False
+    rank_env, local_rank_env = "RANK", "LOCAL_RANK"
+    times_out_rendezvous = True
+
+    def options(self, dist: DistConfig, run_dir: Path) -> List[str]:
+        # A fresh port per job: sweeps run jobs back to back, and a port in TIME_WAIT would clash.
+        port = dist.master_port or free_port()
+        opts = ["--nproc_per_node", str(dist.nproc_per_node), "--nnodes", str(dist.nnodes)]
+        opts += ["--node_rank", str(dist.node_rank), "--master_addr", dist.master_addr]
+        opts += ["--master_port", str(port), "--max_restarts", "0"]
+        if dist.nnodes > 1:
+            # The static rendezvous (a TCPStore on node 0) waits this long for the other nodes,
+            # node 0 for clients, the others to connect; it takes whole seconds (default 600).
+            opts += ["--rdzv-conf", f"timeout={math.ceil(dist.timeout_s)}"]
+        return opts
+
+    def ps_options(self, dist: DistConfig, run_dir: Path) -> List[str]:
+        # Servers and trainers are all torchrun's workers: the first dist.ps.servers ranks serve.
+        port = dist.master_port or free_port()
+        opts = ["--nproc_per_node", str(dist.ps.servers + dist.ps.trainers), "--nnodes", "1"]
+        return opts + ["--master_addr", dist.master_addr, "--master_port", str(port), "--max_restarts", "0"]
+
+    def known_failure(
+        self, dist: DistConfig, launcher_log: str, worker_logs: List[str], started: bool
+    ) -> Optional[UnitrainError]:
+        if started:
+            return None
+        if "EADDRINUSE" in launcher_log:
+            return busy_port_error(dist.master_port) if dist.master_port else None
+        waiting = "waiting for clients" in launcher_log or "client socket has timed out" in launcher_log
+        if dist.nnodes > 1 and waiting:
+            return not_joined_error(dist)
+        return None
+
+
+LAUNCHER = _TorchLauncher()
+
+
+def ps_role(env: Mapping[str, str], servers: int, trainers: int) -> Role:
+    """torchrun numbers every process with RANK: the first ``servers`` ranks serve."""
+    rank = int(env.get("RANK", "0"))
+    return Role("server", rank, servers, trainers) if rank < servers else Role("trainer", rank - servers, servers, trainers)

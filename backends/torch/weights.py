@@ -1,0 +1,31 @@
+"""PyTorch's parameter names and layouts are the canonical ones; no torch import until a file is written."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict
+
+import numpy as np
+
+__all__ = ["NATIVE_SUFFIX", "from_canonical", "save_native", "to_canonical"]
+
+Arrays = Dict[str, np.ndarray]
+NATIVE_SUFFIX = ".pt"
+
+
+def to_canonical(arrays: Arrays) -> Arrays:
+    return dict(arrays)
+
+
+def from_canonical(arrays: Arrays) -> Arrays:
+    return dict(arrays)
+
+
+def save_native(arrays: Arrays, path: Path) -> None:
+    """A state_dict file: ``model.load_state_dict(torch.load(path))`` loads it."""
+    import torch
+
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}, tmp)
+    os.replace(tmp, path)

@@ -1,0 +1,160 @@
+"""The layers stay honest: every backend has the same modules, each providing what the
+same-named interface module's Protocol lists; the core imports no framework, names none in a
+comparison, and has no import circle."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import json
+import re
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+import unitrain
+from unitrain.interface.modules import available_backends
+
+ROOT = Path(__file__).resolve().parents[1]
+CORE = ROOT / "unitrain"
+BACKENDS = ROOT / "backends"
+#: Modules only one backend has, each explained in docs/architecture.md.
+ONE_BACKEND_ONLY = {"blas": "paddle"}
+#: Backend modules the main process loads: they must not import their framework.
+FRAMEWORK_FREE = ("launch", "validation", "weights")
+
+
+def backend_modules(backend: str) -> set:
+    return {p.stem for p in (BACKENDS / backend).glob("*.py") if p.stem != "__init__"}
+
+
+def protocol_of(name: str) -> type:
+    interface = importlib.import_module(f"unitrain.interface.{name}")
+    found = [c for c in vars(interface).values() if inspect.isclass(c) and c.__module__ == interface.__name__ and c.__name__.endswith("Module")]
+    assert len(found) == 1, f"unitrain/interface/{name}.py should define one Protocol named *Module, found {found}"
+    return found[0]
+
+
+def members(protocol: type) -> dict:
+    """Name -> the Protocol's method (a function) or the type its attribute is annotated with."""
+    hints = typing.get_type_hints(protocol)
+    methods = {n: f for n, f in vars(protocol).items() if inspect.isfunction(f) and not n.startswith("_")}
+    return {**{n: hints[n] for n in protocol.__annotations__}, **methods}
+
+
+def shape(signature: inspect.Signature, drop_self: bool) -> list:
+    params = list(signature.parameters.values())[1 if drop_self else 0 :]
+    return [(p.name, p.kind, p.default is inspect.Parameter.empty) for p in params]
+
+
+def test_both_backends_have_the_same_modules():
+    paddle, torch = (backend_modules(b) for b in available_backends())
+    only = {m: ("paddle" if m in paddle else "torch") for m in paddle ^ torch}
+    assert only == ONE_BACKEND_ONLY
+    architecture = (ROOT / "docs" / "architecture.md").read_text()
+    assert all(f"{m}.py" in architecture for m in ONE_BACKEND_ONLY)
+
+
+@pytest.mark.parametrize("name", sorted(backend_modules("torch") & backend_modules("paddle")))
+def test_each_backend_module_provides_its_protocol_and_nothing_else_in_public(name):
+    protocol = protocol_of(name)
+    wanted = members(protocol)
+    loader = getattr(importlib.import_module(f"unitrain.interface.{name}"), f"{name}_module", None)
+    if name != "backend":
+        assert loader is not None and typing.get_type_hints(loader)["return"] is protocol
+    publics = []
+    for backend in available_backends():
+        module = importlib.import_module(f"unitrain.backends.{backend}.{name}")
+        publics.append(sorted(module.__all__))
+        assert set(module.__all__) == set(wanted), f"{backend}/{name}.py: __all__ is not {protocol.__name__}'s members"
+        for member, expected in wanted.items():
+            value = getattr(module, member)
+            if inspect.isfunction(expected):
+                assert shape(inspect.signature(value), False) == shape(inspect.signature(expected), True), f"{backend}/{name}.py: {member}"
+            elif typing.get_origin(expected) is type:
+                assert issubclass(value, typing.get_args(expected)[0]), f"{backend}/{name}.py: {member}"
+            else:
+                assert isinstance(value, typing.get_origin(expected) or expected), f"{backend}/{name}.py: {member}"
+    assert publics[0] == publics[1]
+
+
+def core_modules() -> list:
+    names = []
+    for path in sorted(CORE.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def test_the_core_and_the_framework_free_backend_modules_import_no_framework():
+    free = [f"unitrain.backends.{b}.{m}" for b in available_backends() for m in FRAMEWORK_FREE]
+    code = (
+        "import json, sys, importlib\n"
+        f"for name in {core_modules() + free!r}: importlib.import_module(name)\n"
+        "print(json.dumps(sorted(m for m in ('paddle', 'torch') if m in sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == []
+
+
+def test_the_core_compares_no_framework_name():
+    comparison = re.compile(r"""(==|!=|\bis\b|\bin\b)\s*\(?['"](paddle|torch)['"]|['"](paddle|torch)['"]\s*(==|!=)""")
+    found = [
+        f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+        for p in CORE.rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if comparison.search(line)
+    ]
+    assert found == []
+
+
+def import_graph() -> dict:
+    """Module -> the core modules it imports, at module level or inside a function alike."""
+    names = set(core_modules())
+    graph = {}
+    for name in names:
+        path = CORE.parent / (name.replace(".", "/") + ".py")
+        if not path.exists():
+            path = CORE.parent / name.replace(".", "/") / "__init__.py"
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in names else base for a in node.names}
+        # Package __init__ modules re-export; only module-to-module edges can close a circle.
+        graph[name] = {t for t in targets if t in names and t != name and not (CORE.parent / t.replace(".", "/") / "__init__.py").exists()}
+    return graph
+
+
+def test_no_import_circle_in_the_core():
+    graph, state, circles = import_graph(), {}, []
+
+    def visit(node, path):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                circles.append(" -> ".join(path[path.index(nxt) :] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = "done"
+
+    for start in sorted(graph):
+        if start not in state:
+            visit(start, [start])
+    assert circles == []
+
+
+def test_the_top_level_holds_only_the_commands_and_the_public_api():
+    top = sorted(p.name for p in CORE.glob("*.py"))
+    assert len(top) <= 12, top
+    assert unitrain.__all__  # the public API: what `import unitrain` offers a loop of one's own

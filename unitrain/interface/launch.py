@@ -1,0 +1,78 @@
+"""The frameworks' own launchers (paddle.distributed.launch, torchrun): what
+``backends/<name>/launch.py`` provides, without importing its framework.
+
+A launcher is described here, not run: :mod:`unitrain.launch.supervise` starts it with
+unitrain's worker script, watches it and ends it; the backend says how its launcher is invoked,
+which variables give each worker its rank, and which of its failures it can name in one line.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import List, Mapping, Optional, Protocol, cast
+
+from unitrain.config.schema import DistConfig
+from unitrain.errors import UnitrainError
+from unitrain.interface import modules
+from unitrain.interface.ps import Role
+
+
+class Launcher(ABC):
+    #: Run as ``python -m <module>``.
+    module: str
+    #: The variables in which the launcher gives each worker its global rank and its rank on the node.
+    rank_env: str
+    local_rank_env: str
+    #: Whether the launcher itself writes <run_dir>/workerlog.<rank>.
+    writes_workerlogs: bool
+    #: Whether the launcher gives up on a rendezvous after dist.timeout_s by itself.
+    times_out_rendezvous: bool
+    #: Variables the framework needs set before it loads, in parameter-server mode.
+    ps_env: Mapping[str, str] = {}
+
+    @abstractmethod
+    def options(self, dist: DistConfig, run_dir: Path) -> List[str]:
+        """The launcher's options for a data-parallel job."""
+
+    @abstractmethod
+    def ps_options(self, dist: DistConfig, run_dir: Path) -> List[str]:
+        """The launcher's options for dist.ps.servers servers and dist.ps.trainers trainers."""
+
+    def known_failure(
+        self, dist: DistConfig, launcher_log: str, worker_logs: List[str], started: bool
+    ) -> Optional[UnitrainError]:
+        """A failure of the launcher's own (rendezvous, port) said in one line, or None. ``started``:
+        whether any worker reported (the launcher's rendezvous comes before its first worker)."""
+        return None
+
+
+class LaunchModule(Protocol):
+    LAUNCHER: Launcher
+    #: Python code that prints True when the framework sees an accelerator (run in a child
+    #: process: the main process never imports a framework).
+    ACCELERATOR_PROBE: str
+
+    def ps_role(self, env: Mapping[str, str], servers: int, trainers: int) -> Role:
+        """This process's role in a parameter-server job, from the variables the launcher set."""
+
+
+def busy_port_error(port: int, why: str = "address already in use") -> UnitrainError:
+    return UnitrainError(
+        f"dist.master_port={port} is not allowed: it is in use on this machine ({why}); "
+        "pick a free port, or leave it unset on one node"
+    )
+
+
+def not_joined_error(dist: DistConfig) -> UnitrainError:
+    return UnitrainError(
+        f"dist.nnodes={dist.nnodes}: the other node(s) did not join at {dist.master_addr}:{dist.master_port} "
+        f"within dist.timeout_s={dist.timeout_s:g}s; start the same command on every node "
+        f"(dist.node_rank=0..{dist.nnodes - 1})"
+    )
+
+
+def launch_module(backend: str) -> LaunchModule:
+    return cast(LaunchModule, modules.load(backend, "launch"))
+
+

@@ -1,0 +1,21 @@
+"""Networks built from the shared specs: what ``backends/<name>/models.py`` provides.
+
+Both backends build each spec with the same layer names, so that parameter names line up one to
+one across frameworks (:mod:`unitrain.model.weights` converts the few layouts that differ).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, cast
+
+from unitrain.interface import modules
+from unitrain.model.specs import ResNetSpec
+
+
+class ModelsModule(Protocol):
+    def build_resnet(self, spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -> Any:
+        """The framework's ResNet for ``spec``, initialised by the framework's own RNG."""
+
+
+def models_module(backend: str) -> ModelsModule:
+    return cast(ModelsModule, modules.load(backend, "models"))

@@ -1,0 +1,77 @@
+"""Parameter-server engines: what ``backends/<name>/ps.py`` provides (Paddle Fleet's parameter
+server, torch.distributed.rpc). The job itself, its data and metrics, is the core's
+(:mod:`unitrain.ps.job`)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Protocol, cast
+
+import numpy as np
+
+from unitrain.data.criteo import CtrData
+from unitrain.interface import modules
+
+
+@dataclass(frozen=True)
+class Role:
+    """A process of a parameter-server job: servers first, then trainers."""
+
+    kind: str  # "server" or "trainer"
+    index: int
+    servers: int
+    trainers: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.kind} {self.index}"
+
+    @property
+    def rank(self) -> int:
+        """Global rank: servers first, as torchrun's ranks are laid out."""
+        return self.index if self.kind == "server" else self.servers + self.index
+
+    @property
+    def log_file(self) -> str:
+        # Named as paddle.distributed.launch names them in parameter-server mode.
+        return f"{'serverlog' if self.kind == 'server' else 'workerlog'}.{self.index}"
+
+
+class PsProgram(ABC):
+    """One process of a parameter-server job, as a backend builds it (``build(cfg, role)``)."""
+
+    def run_server(self) -> None:
+        """Serve parameters until the trainers are done (servers only)."""
+        raise NotImplementedError
+
+    @abstractmethod
+    def train_batch(self, batch: CtrData) -> float:
+        """One step on ``batch``: forward, backward, push gradients, pull parameters; the loss."""
+
+    @abstractmethod
+    def predict(self, batch: CtrData) -> np.ndarray:
+        """Click probabilities for ``batch`` with the current parameters, without training."""
+
+    def end_training(self) -> None:
+        """After a trainer's last step: wait for the other trainers, so that what is evaluated
+        next is the job's final model."""
+
+    def observed(self) -> Dict[str, Any]:
+        """What the framework reports it ran (mode, traffic), read back from it."""
+        return {}
+
+    def close(self) -> None:
+        """Leave the job: stop the worker side, shut the RPC agent down."""
+
+
+class PsModule(Protocol):
+    def engine_problem(self) -> Optional[str]:
+        """Why the installed framework cannot run a parameter-server job, or None."""
+
+    def build(self, cfg: Any, role: Role) -> PsProgram:
+        """This process's part of the job (a UnitrainConfig with dist.mode=ps)."""
+
+
+def ps_module(backend: str) -> PsModule:
+    return cast(PsModule, modules.load(backend, "ps"))
