@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional, Protocol, Tuple
 
 import numpy as np
 
@@ -18,6 +18,14 @@ from unitrain.data.fashion_mnist import FashionMNISTDataset
 from unitrain.registry import Registry
 
 Sample = Tuple[np.ndarray, np.int64]
+
+
+class SampleSet(Protocol):
+    """What the loaders and samplers need of a dataset: its length, and sample i as NumPy."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> Sample: ...
 
 # ImageNet statistics, as in the Paddle and torchvision reference transforms.
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(3, 1, 1)
