@@ -11,7 +11,7 @@ PS_STAMP := $(PS_VENV)/.installed
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: run test test-slow test-all bench recipe setup ps-env clean fashion-mnist
+.PHONY: run test test-slow test-all lint format bench recipe setup ps-env clean fashion-mnist
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,15 @@ test-slow: $(STAMP) $(PS_STAMP) fashion-mnist
 	$(PY) -m pytest -q -m slow --durations=20
 
 test-all: test test-slow
+
+# ruff's formatter and linter (settings in pyproject.toml); CI runs this before the tests.
+lint: $(STAMP)
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
+
+format: $(STAMP)
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py

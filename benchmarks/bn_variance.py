@@ -28,13 +28,13 @@ from pathlib import Path
 import numpy as np
 import torch
 from omegaconf import OmegaConf
+from run import median_ci
 
 import unitrain
 from unitrain.data.datasets import build_heldout_dataset
-from unitrain.train.evaluation import Evaluator
 from unitrain.host.machine import cpu
 from unitrain.model.weights import convert
-from run import median_ci
+from unitrain.train.evaluation import Evaluator
 
 
 def values_per_channel(model, batch: int, image_size: int) -> dict[str, int]:
@@ -42,7 +42,11 @@ def values_per_channel(model, batch: int, image_size: int) -> dict[str, int]:
     sizes, hooks = {}, []
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.BatchNorm2d):
-            hooks.append(module.register_forward_hook(lambda m, args, out, name=name: sizes.__setitem__(name, batch * out.shape[2] * out.shape[3])))
+            hooks.append(
+                module.register_forward_hook(
+                    lambda m, args, out, name=name: sizes.__setitem__(name, batch * out.shape[2] * out.shape[3])
+                )
+            )
     with torch.no_grad():
         model.eval()(torch.zeros(1, 3, image_size, image_size))
     for hook in hooks:
@@ -69,7 +73,12 @@ def accuracy(args) -> None:
             arrays = convert(dict(npz), meta["framework"], "torch")
         model = T.build_model(cfg.model.name, dataset.num_classes)
         n = values_per_channel(model, cfg.trainer.batch_size, cfg.data.image_size)
-        row = {"step": meta["step"], "framework": meta["framework"], "recorded": args.recorded, "smallest_n": min(n.values())}
+        row = {
+            "step": meta["step"],
+            "framework": meta["framework"],
+            "recorded": args.recorded,
+            "smallest_n": min(n.values()),
+        }
         for variant in ("biased", "unbiased"):
             state = dict(arrays)
             if variant != args.recorded:
@@ -82,15 +91,21 @@ def accuracy(args) -> None:
         print(json.dumps(row), flush=True)
         rows.append(row)
     if not rows:
-        raise SystemExit(f"bn_variance: no checkpoints under {args.run / 'checkpoints'}; train with trainer.checkpoint_every")
+        raise SystemExit(
+            f"bn_variance: no checkpoints under {args.run / 'checkpoints'}; train with trainer.checkpoint_every"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"run": str(args.run), "machine": cpu(), "rows": rows}
     (args.out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = ["| step | smallest n | top-1, biased (Paddle's own) | top-1, unbiased (torch's) | difference | loss, biased | loss, unbiased |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        "| step | smallest n | top-1, biased (Paddle's own) | top-1, unbiased (torch's) | difference | loss, biased | "
+        "loss, unbiased |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         lines.append(
-            f"| {r['step']} | {r['smallest_n']} | {r['biased']['val_top1']:.4f} | {r['unbiased']['val_top1']:.4f} | {r['top1_difference']:+.4f} "
+            f"| {r['step']} | {r['smallest_n']} | {r['biased']['val_top1']:.4f} | {r['unbiased']['val_top1']:.4f} | "
+            f"{r['top1_difference']:+.4f} "
             f"| {r['biased']['val_loss']:.4f} | {r['unbiased']['val_loss']:.4f} |"
         )
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
@@ -105,7 +120,10 @@ def cost(args) -> None:
     rows = []
     sizes = (("tiny", 16, 8),) if args.quick else (("resnet18", 32, 128), ("resnet50", 64, 16))
     for name, size, batch in sizes:
-        models = {"unitrain": P.build_model(name, 10, init="shared", seed=0), "paddle's own": P.build_model(name, 10, init="shared", seed=0)}
+        models = {
+            "unitrain": P.build_model(name, 10, init="shared", seed=0),
+            "paddle's own": P.build_model(name, 10, init="shared", seed=0),
+        }
         for layer in models["paddle's own"].sublayers():
             if isinstance(layer, paddle.nn.BatchNorm2D):
                 layer.__class__ = paddle.nn.BatchNorm2D  # the same layer, Paddle's own forward
@@ -124,19 +142,34 @@ def cost(args) -> None:
                 float(loss)
                 if i >= 2:
                     times[kind].append((time.perf_counter() - wall, time.process_time() - cpu_s))
-        ratios = {m: [a[j] / b[j] for a, b in zip(times["unitrain"], times["paddle's own"])] for j, m in enumerate(("wall", "cpu"))}
-        row = {"model": f"{name} {size}x{size} batch {batch}", "steps": args.steps,
-               "unitrain_ms": 1e3 * float(np.median([t[0] for t in times["unitrain"]])),
-               "paddle_own_ms": 1e3 * float(np.median([t[0] for t in times["paddle's own"]])),
-               "wall_ratio": median_ci(ratios["wall"]), "cpu_ratio": median_ci(ratios["cpu"])}  # fmt: skip
+        ratios = {
+            m: [a[j] / b[j] for a, b in zip(times["unitrain"], times["paddle's own"])]
+            for j, m in enumerate(("wall", "cpu"))
+        }
+        row = {
+            "model": f"{name} {size}x{size} batch {batch}",
+            "steps": args.steps,
+            "unitrain_ms": 1e3 * float(np.median([t[0] for t in times["unitrain"]])),
+            "paddle_own_ms": 1e3 * float(np.median([t[0] for t in times["paddle's own"]])),
+            "wall_ratio": median_ci(ratios["wall"]),
+            "cpu_ratio": median_ci(ratios["cpu"]),
+        }
         print(json.dumps(row), flush=True)
         rows.append(row)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "cost.json").write_text(json.dumps({"machine": cpu(), "threads": args.threads, "rows": rows}, indent=2) + "\n")
-    lines = ["| model | unitrain ms/step | Paddle's own BN ms/step | wall ratio [95% CI] | CPU ratio [95% CI] | pairs |", "|---|---|---|---|---|---|"]
+    (args.out / "cost.json").write_text(
+        json.dumps({"machine": cpu(), "threads": args.threads, "rows": rows}, indent=2) + "\n"
+    )
+    lines = [
+        "| model | unitrain ms/step | Paddle's own BN ms/step | wall ratio [95% CI] | CPU ratio [95% CI] | pairs |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         w, c = r["wall_ratio"], r["cpu_ratio"]
-        lines.append(f"| {r['model']} | {r['unitrain_ms']:.1f} | {r['paddle_own_ms']:.1f} | {w[0]:.3f} [{w[1]:.3f}, {w[2]:.3f}] | {c[0]:.3f} [{c[1]:.3f}, {c[2]:.3f}] | {r['steps']} |")
+        lines.append(
+            f"| {r['model']} | {r['unitrain_ms']:.1f} | {r['paddle_own_ms']:.1f} | {w[0]:.3f} [{w[1]:.3f}, "
+            f"{w[2]:.3f}] | {c[0]:.3f} [{c[1]:.3f}, {c[2]:.3f}] | {r['steps']} |"
+        )
     (args.out / "cost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -146,8 +179,12 @@ def main() -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     acc = commands.add_parser("accuracy", help="evaluate a Paddle run's checkpoints with both running variances")
     acc.add_argument("run", type=Path, help="a run directory with checkpoints/step<N>/")
-    acc.add_argument("--recorded", choices=("biased", "unbiased"), default="unbiased",
-                     help="the definition the run's checkpoints hold: biased for Paddle runs before 2026-11-24")  # fmt: skip
+    acc.add_argument(
+        "--recorded",
+        choices=("biased", "unbiased"),
+        default="unbiased",
+        help="the definition the run's checkpoints hold: biased for Paddle runs before 2026-11-24",
+    )
     price = commands.add_parser("cost", help="time a Paddle training step with and without the correction")
     price.add_argument("--steps", type=int, default=30, help="steps of each kind, after 2 of each as warm-up")
     price.add_argument("--threads", type=int, default=2)

@@ -32,19 +32,58 @@ def main() -> int:
         run_dir = Path(args.run_dir) if args.run_dir else Path(tmp) / "run"
         if not args.run_dir:
             subprocess.run(
-                [sys.executable, "-m", "unitrain", "backend=torch", "model=resnet50", "data=learnable", "data.image_size=64",
-                 "data.val_samples=512", "trainer.batch_size=16", "trainer.steps=2", "trainer.checkpoint_every=2",
-                 f"trainer.threads={args.threads}", "trainer.progress=false", f"hydra.run.dir={run_dir}"],
+                [
+                    sys.executable,
+                    "-m",
+                    "unitrain",
+                    "backend=torch",
+                    "model=resnet50",
+                    "data=learnable",
+                    "data.image_size=64",
+                    "data.val_samples=512",
+                    "trainer.batch_size=16",
+                    "trainer.steps=2",
+                    "trainer.checkpoint_every=2",
+                    f"trainer.threads={args.threads}",
+                    "trainer.progress=false",
+                    f"hydra.run.dir={run_dir}",
+                ],
                 check=True,
-            )  # fmt: skip
+            )
         export = Path(tmp) / "export"
-        subprocess.run([sys.executable, "-m", "unitrain.export", str(run_dir), "--format", "native,onnx", "--to", "torch,paddle", "--out", str(export)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "unitrain.export",
+                str(run_dir),
+                "--format",
+                "native,onnx",
+                "--to",
+                "torch,paddle",
+                "--out",
+                str(export),
+            ],
+            check=True,
+        )
         result = Path(tmp) / "inference"
         subprocess.run(
-            [sys.executable, "-m", "unitrain.infer", str(export), "--batch", "1,32", "--threads", str(args.threads),
-             "--eval-samples", str(args.eval_samples), "--out", str(result)],
+            [
+                sys.executable,
+                "-m",
+                "unitrain.infer",
+                str(export),
+                "--batch",
+                "1,32",
+                "--threads",
+                str(args.threads),
+                "--eval-samples",
+                str(args.eval_samples),
+                "--out",
+                str(result),
+            ],
             check=True,
-        )  # fmt: skip
+        )
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         for name in ("inference.json", "inference.md", "inference.png"):

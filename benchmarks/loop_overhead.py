@@ -32,15 +32,22 @@ def main(argv=None) -> int:
     from hydra import compose, initialize_config_module
     from omegaconf import OmegaConf
 
-    from unitrain.interface.backend import get_backend
     from unitrain.config.schema import register_configs
     from unitrain.host.threads import export_threads
+    from unitrain.interface.backend import get_backend
     from unitrain.train.trainer import Trainer
 
     register_configs()
     total = 2 * (args.steps + 2)
-    overrides = [f"backend={args.backend}", f"model={args.model}", f"data.image_size={args.image_size}", f"trainer.steps={total}",
-                 "trainer.batch_size=16", f"trainer.threads={args.threads}", "optim.lr=0.02"]  # fmt: skip
+    overrides = [
+        f"backend={args.backend}",
+        f"model={args.model}",
+        f"data.image_size={args.image_size}",
+        f"trainer.steps={total}",
+        "trainer.batch_size=16",
+        f"trainer.threads={args.threads}",
+        "optim.lr=0.02",
+    ]
     with initialize_config_module(config_module="unitrain.conf", version_base=None):
         cfg = OmegaConf.to_object(compose("config", overrides=overrides))
     export_threads(args.threads)

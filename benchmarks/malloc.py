@@ -23,8 +23,13 @@ from unitrain.host import malloc
 # glibc's tunables for what unitrain sets with mallopt (the native script cannot call it).
 FIXED_ENV = {"MALLOC_MMAP_THRESHOLD_": str(malloc.MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(malloc.TRIM_THRESHOLD)}
 RUNS = ("unitrain dynamic", "native dynamic", "unitrain fixed", "native fixed")
-RATIOS = (("unitrain dynamic", "native dynamic"), ("unitrain fixed", "native fixed"), ("unitrain fixed", "native dynamic"),
-          ("unitrain fixed", "unitrain dynamic"), ("native fixed", "native dynamic"))  # fmt: skip
+RATIOS = (
+    ("unitrain dynamic", "native dynamic"),
+    ("unitrain fixed", "native fixed"),
+    ("unitrain fixed", "native dynamic"),
+    ("unitrain fixed", "unitrain dynamic"),
+    ("native fixed", "native dynamic"),
+)
 
 
 def measure(args, bench: Bench, size, steps) -> None:
@@ -37,12 +42,17 @@ def measure(args, bench: Bench, size, steps) -> None:
             else:
                 result = bench.native(args.backend, size, env=FIXED_ENV if mode == "fixed" else None)
             steps[name].append(result["step_s"])
-        print(f"pair {i + 1}/{args.pairs}: " + ", ".join(f"{n} {1e3 * v[-1]:.0f} ms" for n, v in steps.items()), flush=True)
+        print(
+            f"pair {i + 1}/{args.pairs}: " + ", ".join(f"{n} {1e3 * v[-1]:.0f} ms" for n, v in steps.items()),
+            flush=True,
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="ResNet18 at 16x16, few steps: checks the script, measures little")
+    parser.add_argument(
+        "--quick", action="store_true", help="ResNet18 at 16x16, few steps: checks the script, measures little"
+    )
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--backend", default="torch", choices=("paddle", "torch"))
     parser.add_argument("--model", default="resnet50", choices=[s.model for s in OVERHEAD_SIZES[False]])
@@ -52,23 +62,46 @@ def main() -> None:
     steps = {name: [] for name in RUNS}
     stop_on_termination()
     try:
-        with tempfile.TemporaryDirectory() as work, Bench(args.quick, 1, Path(work), args.pairs, (args.backend,)) as bench:
+        with (
+            tempfile.TemporaryDirectory() as work,
+            Bench(args.quick, 1, Path(work), args.pairs, (args.backend,)) as bench,
+        ):
             measure(args, bench, size, steps)
     except (KeyboardInterrupt, Stopped) as e:
         signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
-        print(f"malloc.py: stopped by {signal.Signals(signum).name}: its runs are ended; nothing was written", file=sys.stderr)
+        print(
+            f"malloc.py: stopped by {signal.Signals(signum).name}: its runs are ended; nothing was written",
+            file=sys.stderr,
+        )
         sys.exit(128 + signum)
 
     rows = []
     for num, den in RATIOS:
         ratio, low, high = median_ci([a / b for a, b in zip(steps[num], steps[den])])
         rows.append({"ratio": f"{num} / {den}", "median": ratio, "ci": [low, high]})
-    result = {"machine": machine(), "backend": args.backend, "model": size.model, "image_size": size.image,
-              "pairs": args.pairs, "step_ms": {n: 1e3 * statistics.median(v) for n, v in steps.items()}, "step_s": steps, "ratios": rows}  # fmt: skip
+    result = {
+        "machine": machine(),
+        "backend": args.backend,
+        "model": size.model,
+        "image_size": size.image,
+        "pairs": args.pairs,
+        "step_ms": {n: 1e3 * statistics.median(v) for n, v in steps.items()},
+        "step_s": steps,
+        "ratios": rows,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(result, indent=1))
-    lines = [f"# glibc malloc thresholds: {args.backend} {size.model} {size.image}x{size.image}, batch 16, 1 x 2 threads, {args.pairs} interleaved pairs",
-             "", "{cpu}, {cores} cores ({extensions}), Python {python}, torch {torch}, paddle {paddle}".format(**result["machine"]), "", "| run | median step ms |", "|---|---|"]  # fmt: skip
+    lines = [
+        f"# glibc malloc thresholds: {args.backend} {size.model} {size.image}x{size.image}, batch 16, 1 x 2 threads, "
+        f"{args.pairs} interleaved pairs",
+        "",
+        "{cpu}, {cores} cores ({extensions}), Python {python}, torch {torch}, paddle {paddle}".format(
+            **result["machine"]
+        ),
+        "",
+        "| run | median step ms |",
+        "|---|---|",
+    ]
     lines += [f"| {n} | {v:.1f} |" for n, v in result["step_ms"].items()]
     lines += ["", "| ratio | median | 95% CI |", "|---|---|---|"]
     lines += [f"| {r['ratio']} | {r['median']:.3f} | [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] |" for r in rows]

@@ -43,4 +43,12 @@ class StepTimer:
 
     def write(self, path: str, **extra) -> None:
         with open(path, "w") as f:
-            json.dump({"step_times": self.step_times, "cpu_times": self.cpu_times, "loop_started_at": self.loop_started_at, **extra}, f)
+            json.dump(
+                {
+                    "step_times": self.step_times,
+                    "cpu_times": self.cpu_times,
+                    "loop_started_at": self.loop_started_at,
+                    **extra,
+                },
+                f,
+            )

@@ -14,7 +14,6 @@ import paddle  # noqa: E402
 import paddle.nn.functional as F  # noqa: E402
 from native_common import StepTimer, parse_args  # noqa: E402
 from paddle.distributed import fleet  # noqa: E402
-
 from paddle.vision import models  # noqa: E402
 
 from unitrain.data.datasets import SyntheticDataset  # noqa: E402

@@ -91,7 +91,9 @@ class ResNet(nn.Module):
     def _make_layer(self, block, planes: int, blocks: int, stride: int = 1) -> nn.Sequential:
         downsample = None
         if stride != 1 or self.inplanes != planes * block.expansion:
-            downsample = nn.Sequential(conv1x1(self.inplanes, planes * block.expansion, stride), nn.BatchNorm2d(planes * block.expansion))
+            downsample = nn.Sequential(
+                conv1x1(self.inplanes, planes * block.expansion, stride), nn.BatchNorm2d(planes * block.expansion)
+            )
         layers = [block(self.inplanes, planes, stride, downsample)]
         self.inplanes = planes * block.expansion
         layers += [block(self.inplanes, planes) for _ in range(1, blocks)]
@@ -128,8 +130,15 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)
     data = SyntheticDataset(args.steps * args.batch_size * world, args.image_size, args.num_classes)
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, seed=0, drop_last=True) if world > 1 else None
-    loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, shuffle=sampler is None, drop_last=True,
-                        num_workers=args.num_workers, persistent_workers=args.num_workers > 0)  # fmt: skip
+    loader = DataLoader(
+        data,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        shuffle=sampler is None,
+        drop_last=True,
+        num_workers=args.num_workers,
+        persistent_workers=args.num_workers > 0,
+    )
     model.train()
     timer = StepTimer()
     for step, (images, labels) in enumerate(loader):

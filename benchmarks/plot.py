@@ -15,7 +15,9 @@ OVERHEAD_TARGET = 1.01
 EFFICIENCY_GOAL = 0.85
 
 
-def _interval_panel(ax, rows: List[Dict], label: Callable[[Dict], str], key: str, title: str, target: Optional[float] = None) -> None:
+def _interval_panel(
+    ax, rows: List[Dict], label: Callable[[Dict], str], key: str, title: str, target: Optional[float] = None
+) -> None:
     """One horizontal interval per row, its median a dot; 1 (no difference) and the target dashed."""
     y = list(range(len(rows)))[::-1]
     medians = [r[key] for r in rows]
@@ -33,19 +35,35 @@ def _interval_panel(ax, rows: List[Dict], label: Callable[[Dict], str], key: str
 
 
 def _overhead(ax, rows: List[Dict]) -> None:
-    _interval_panel(ax, rows, lambda r: f"{r['model']} {r['image_size']}px {r['backend']} {r['processes']}x{r['threads']} ({r['pairs']} pairs)",
-                    "ratio", "overhead: unitrain / native step time (median, 95% CI)", OVERHEAD_TARGET)  # fmt: skip
+    _interval_panel(
+        ax,
+        rows,
+        lambda r: (
+            f"{r['model']} {r['image_size']}px {r['backend']} {r['processes']}x{r['threads']} ({r['pairs']} pairs)"
+        ),
+        "ratio",
+        "overhead: unitrain / native step time (median, 95% CI)",
+        OVERHEAD_TARGET,
+    )
 
 
 def _tuned(ax, rows: List[Dict]) -> None:
-    _interval_panel(ax, rows, lambda r: f"{r['model']} {r['image_size']}px {r['backend']} {r.get('variant', 'default')}",
-                    "speedup", "tuned / same settings samples/s (median, 95% CI)")  # fmt: skip
+    _interval_panel(
+        ax,
+        rows,
+        lambda r: f"{r['model']} {r['image_size']}px {r['backend']} {r.get('variant', 'default')}",
+        "speedup",
+        "tuned / same settings samples/s (median, 95% CI)",
+    )
 
 
 def _scaling(ax, rows: List[Dict]) -> None:
     labels = [f"{r['backend']} {r.get('variant', 'default')}" for r in rows][::-1]
     eff = [r["efficiency"] for r in rows][::-1]
-    spread = [[e - r["efficiency_min"] for e, r in zip(eff, rows[::-1])], [r["efficiency_max"] - e for e, r in zip(eff, rows[::-1])]]
+    spread = [
+        [e - r["efficiency_min"] for e, r in zip(eff, rows[::-1])],
+        [r["efficiency_max"] - e for e, r in zip(eff, rows[::-1])],
+    ]
     # The ceiling (two independent jobs, no all-reduce) is the machine's limit, not a lever: grey.
     colors = ["tab:gray" if r.get("variant", "").startswith("no all-reduce") else "tab:green" for r in rows[::-1]]
     ax.barh(range(len(rows)), eff, xerr=spread, capsize=3, color=colors)
@@ -88,10 +106,15 @@ def plot(results: Dict, path: Path) -> Optional[Path]:
         # measure again): say when, so that a kept row is not read as this run's.
         when = sorted({r["measured_at"] for r in rows if r.get("measured_at")})
         if when:
-            measured = f"measured {when[0]}" if len(when) == 1 else f"rows from {len(when)} runs (results.md names each row's)"
+            measured = (
+                f"measured {when[0]}" if len(when) == 1 else f"rows from {len(when)} runs (results.md names each row's)"
+            )
             ax.set_title(f"{ax.get_title()}\n{measured}", fontsize=9)
     m = results["machine"]
-    fig.suptitle(f"{m['cpu']}, {m['cores']} cores ({m.get('extensions', '?')}); torch {m['torch']}, paddle {m['paddle']}", fontsize=8)
+    fig.suptitle(
+        f"{m['cpu']}, {m['cores']} cores ({m.get('extensions', '?')}); torch {m['torch']}, paddle {m['paddle']}",
+        fontsize=8,
+    )
     fig.tight_layout(rect=(0, 0, 1, 0.99))
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
     fig.savefig(tmp, dpi=110)

@@ -23,13 +23,18 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-from unitrain.host import machine
+from unitrain.host import machine  # noqa: E402 - after the path above
 from unitrain.report import ps as ps_report  # noqa: E402
 
 JOBS = [
-    ("torch", "local"), ("torch", "sync"), ("torch", "async"),
-    ("paddle", "local"), ("paddle", "sync"), ("paddle", "async"), ("paddle", "geo"),
-]  # fmt: skip
+    ("torch", "local"),
+    ("torch", "sync"),
+    ("torch", "async"),
+    ("paddle", "local"),
+    ("paddle", "sync"),
+    ("paddle", "async"),
+    ("paddle", "geo"),
+]
 
 
 def python_for(backend: str) -> str:
@@ -44,9 +49,17 @@ def python_for(backend: str) -> str:
 def run(backend: str, mode: str, rows: int, val_rows: int, seed: int, run_dir: Path) -> dict:
     layout = ["dist.ps.servers=0", "dist.ps.trainers=1"] if mode == "local" else [f"dist.ps.sync={mode}"]
     args = [
-        "-m", "unitrain", "experiment=wide_deep_ps", f"backend={backend}", *layout, f"data.num_samples={rows}",
-        f"data.val_samples={val_rows}", f"trainer.seed={seed}", "trainer.log_every=100", f"hydra.run.dir={run_dir}",
-    ]  # fmt: skip
+        "-m",
+        "unitrain",
+        "experiment=wide_deep_ps",
+        f"backend={backend}",
+        *layout,
+        f"data.num_samples={rows}",
+        f"data.val_samples={val_rows}",
+        f"trainer.seed={seed}",
+        "trainer.log_every=100",
+        f"hydra.run.dir={run_dir}",
+    ]
     print(f"{backend} {mode} (seed {seed})", flush=True)
     done = subprocess.run([python_for(backend), *args], cwd=run_dir.parent, capture_output=True, text=True)
     if done.returncode != 0:
@@ -55,34 +68,46 @@ def run(backend: str, mode: str, rows: int, val_rows: int, seed: int, run_dir: P
 
 
 def spread(values) -> str:
-    return f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})" if len(values) > 1 else f"{values[0]:.0f}"
+    return (
+        f"{statistics.median(values):.0f} ({min(values):.0f}-{max(values):.0f})"
+        if len(values) > 1
+        else f"{values[0]:.0f}"
+    )
 
 
 def table(results: dict, repeats: int) -> str:
     lines = [
-        "| backend | framework | mode | servers x trainers | examples/s total, median (min-max) | per trainer (median) | held-out AUC, median (min-max) | held-out log loss (median) |",
+        "| backend | framework | mode | servers x trainers | examples/s total, median (min-max) | per trainer "
+        "(median) | held-out AUC, median (min-max) | held-out log loss (median) |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for (backend, mode), runs in results.items():
         s = runs[0]
         speeds = [r["examples_per_s"] for r in runs]
         aucs = [r["eval"]["val_auc"] for r in runs]
-        per_trainer = [statistics.median(r["examples_per_s_per_trainer"][i] for r in runs) for i in range(s["trainers"])]
+        per_trainer = [
+            statistics.median(r["examples_per_s_per_trainer"][i] for r in runs) for i in range(s["trainers"])
+        ]
         label = mode + (f" (k={s['geo_k_steps']})" if s.get("geo_k_steps") else "")
         lines.append(
-            f"| {backend} | {s['framework']} {s['version']} | {label} | {s['servers']} x {s['trainers']} | {spread(speeds)} | "
-            f"{', '.join(f'{v:.0f}' for v in per_trainer)} | {statistics.median(aucs):.4f} ({min(aucs):.4f}-{max(aucs):.4f}) | "
+            f"| {backend} | {s['framework']} {s['version']} | {label} | {s['servers']} x {s['trainers']} | "
+            f"{spread(speeds)} | "
+            f"{', '.join(f'{v:.0f}' for v in per_trainer)} | {statistics.median(aucs):.4f} "
+            f"({min(aucs):.4f}-{max(aucs):.4f}) | "
             f"{statistics.median(r['eval']['val_logloss'] for r in runs):.4f} |"
-        )  # fmt: skip
+        )
     cpu = machine.cpu()
     s = next(iter(results.values()))[0]
     lines += [
         "",
-        f"{repeats} repeats per row (trainer.seed 1..{repeats}, the same rows and initial weights for every row of a repeat), jobs "
-        f"interleaved; {s['rows']:,} training rows, held-out rows evaluated by trainer 0 after all trainers finished; batch "
-        f"{s['batch_size']} per trainer, SGD lr {s['lr']}. Threads: the cores split over the processes (1 process: 2 threads; "
+        f"{repeats} repeats per row (trainer.seed 1..{repeats}, the same rows and initial weights for every row of a "
+        "repeat), jobs "
+        f"interleaved; {s['rows']:,} training rows, held-out rows evaluated by trainer 0 after all trainers finished; "
+        "batch "
+        f"{s['batch_size']} per trainer, SGD lr {s['lr']}. Threads: the cores split over the processes (1 process: 2 "
+        "threads; "
         f"3 processes: 1 each). CPU: {machine.describe_cpu(cpu, {})}.",
-    ]  # fmt: skip
+    ]
     return "\n".join(lines)
 
 

@@ -3,7 +3,8 @@
     python benchmarks/quantize.py [--run-dir DIR] [--epochs 1] [--qat-steps 100] [--out benchmarks/results/quantize]
 
 Trains ResNet18 on Fashion-MNIST with torch (``experiment=fashion_mnist_resnet18`` with the ImageNet
-stem at 32x32 and the crop, the model README's table was measured on, shortened to ``--epochs``) unless --run-dir names a run with a checkpoint, then quantizes that one checkpoint
+stem at 32x32 and the crop, the model docs/quantization.md's table was measured on, shortened to
+``--epochs``) unless --run-dir names a run with a checkpoint, then quantizes that one checkpoint
 with every method in both frameworks (its weights convert exactly, so both start from the same
 fp32 model and the same held-out accuracy): ``python -m unitrain.quantize -m <run>
 method=dynamic,static,qat backend=torch,paddle``. Every artifact is scored on the 10,000 test
@@ -25,7 +26,9 @@ HERE = Path(__file__).resolve().parent
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run-dir", help="a run directory with a checkpoint (default: train ResNet18 on Fashion-MNIST)")
+    parser.add_argument(
+        "--run-dir", help="a run directory with a checkpoint (default: train ResNet18 on Fashion-MNIST)"
+    )
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--qat-steps", type=int, default=100)
     parser.add_argument("--methods", default="dynamic,static,qat")
@@ -38,18 +41,40 @@ def main() -> int:
         run_dir = Path(args.run_dir) if args.run_dir else Path(tmp) / "run"
         if not args.run_dir:
             subprocess.run(
-                [sys.executable, "-m", "unitrain", "backend=torch", "experiment=fashion_mnist_resnet18", "model=resnet18", "data.image_size=32",
-                 "data.augment=standard",
-                 f"trainer.epochs={args.epochs}",
-                 "trainer.eval_every=0", "trainer.checkpoint_every=468", f"trainer.threads={args.threads}", f"hydra.run.dir={run_dir}"],
+                [
+                    sys.executable,
+                    "-m",
+                    "unitrain",
+                    "backend=torch",
+                    "experiment=fashion_mnist_resnet18",
+                    "model=resnet18",
+                    "data.image_size=32",
+                    "data.augment=standard",
+                    f"trainer.epochs={args.epochs}",
+                    "trainer.eval_every=0",
+                    "trainer.checkpoint_every=468",
+                    f"trainer.threads={args.threads}",
+                    f"hydra.run.dir={run_dir}",
+                ],
                 check=True,
-            )  # fmt: skip
+            )
         sweep = Path(tmp) / "quantize"
         subprocess.run(
-            [sys.executable, "-m", "unitrain.quantize", "-m", str(run_dir), f"method={args.methods}", f"backend={args.backends}",
-             f"qat.steps={args.qat_steps}", f"threads={args.threads}", f"eval_samples={args.eval_samples}", f"hydra.sweep.dir={sweep}"],
+            [
+                sys.executable,
+                "-m",
+                "unitrain.quantize",
+                "-m",
+                str(run_dir),
+                f"method={args.methods}",
+                f"backend={args.backends}",
+                f"qat.steps={args.qat_steps}",
+                f"threads={args.threads}",
+                f"eval_samples={args.eval_samples}",
+                f"hydra.sweep.dir={sweep}",
+            ],
             check=True,
-        )  # fmt: skip
+        )
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         shutil.copy(sweep / "quantize.md", out / "quantize.md")

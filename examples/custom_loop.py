@@ -1,7 +1,7 @@
 """Your own training loop, written once against unitrain's interfaces, run on either framework.
 
-    python examples/custom_loop.py torch
-    python examples/custom_loop.py paddle
+python examples/custom_loop.py torch
+python examples/custom_loop.py paddle
 """
 
 import sys

@@ -26,7 +26,9 @@ class CliResult:
         return [r for r in map(json.loads, (self.run_dir / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
 
 
-def run_unitrain(args: List[str], tmp_path: Path, module: str = "unitrain", timeout: int = 300, python: str | None = None) -> CliResult:
+def run_unitrain(
+    args: List[str], tmp_path: Path, module: str = "unitrain", timeout: int = 300, python: str | None = None
+) -> CliResult:
     """Run ``python -m unitrain`` as a user would, from outside the source tree, into tmp_path
     (``python``: another environment's interpreter, e.g. the parameter-server one)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -35,8 +37,12 @@ def run_unitrain(args: List[str], tmp_path: Path, module: str = "unitrain", time
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
         [python or sys.executable, "-m", module, *args, *hydra_dirs],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     return CliResult(proc, run_dir)
 
 

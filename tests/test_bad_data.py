@@ -15,7 +15,9 @@ def image_folder(root, bad: str | None = None):
     for c in ("cat", "dog"):
         (root / c).mkdir(parents=True)
         for i in range(8):
-            Image.fromarray((np.random.default_rng(i).random((20, 20, 3)) * 255).astype("uint8")).save(root / c / f"{i}.jpg")
+            Image.fromarray((np.random.default_rng(i).random((20, 20, 3)) * 255).astype("uint8")).save(
+                root / c / f"{i}.jpg"
+            )
     victim = root / "dog" / "3.jpg"
     if bad == "truncated":
         victim.write_bytes(victim.read_bytes()[:300])
@@ -33,17 +35,23 @@ def test_a_bad_file_ends_the_run_with_one_line_naming_it(backend, workers, bad, 
     victim = image_folder(tmp_path / "data", bad)
     # The subprocess timeout is the hang check: Paddle's reader thread used to die and leave its
     # main process waiting forever.
-    result = unitrain_cli(f"backend={backend}", *RUN, f"data.path={tmp_path / 'data'}", f"data.num_workers={workers}", timeout=120)
+    result = unitrain_cli(
+        f"backend={backend}", *RUN, f"data.path={tmp_path / 'data'}", f"data.num_workers={workers}", timeout=120
+    )
     assert result.returncode == 2, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("unitrain: error:")]
-    assert len(errors) == 1 and str(victim) in errors[0] and "data.skip_bad_files=true" in errors[0], result.stderr[-3000:]
+    assert len(errors) == 1 and str(victim) in errors[0] and "data.skip_bad_files=true" in errors[0], result.stderr[
+        -3000:
+    ]
     assert "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_skip_bad_files_skips_and_counts_them(backend, unitrain_cli, tmp_path):
     victim = image_folder(tmp_path / "data", "truncated")
-    result = unitrain_cli(f"backend={backend}", *RUN, f"data.path={tmp_path / 'data'}", "data.skip_bad_files=true", "data.num_workers=2")
+    result = unitrain_cli(
+        f"backend={backend}", *RUN, f"data.path={tmp_path / 'data'}", "data.skip_bad_files=true", "data.num_workers=2"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     summary = result.summary()
     assert summary["data_skipped_files"] == {"count": 1, "files": [str(victim)]}
@@ -56,4 +64,8 @@ def test_one_class_folder_is_refused_in_one_line(unitrain_cli, tmp_path):
 
     shutil.rmtree(tmp_path / "data" / "dog")
     result = unitrain_cli(*RUN, f"data.path={tmp_path / 'data'}")
-    assert result.returncode == 2 and "at least 2 class sub-directories" in result.stderr and "Traceback" not in result.stderr
+    assert (
+        result.returncode == 2
+        and "at least 2 class sub-directories" in result.stderr
+        and "Traceback" not in result.stderr
+    )

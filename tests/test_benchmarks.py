@@ -20,35 +20,63 @@ HARNESS = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
 
 @pytest.mark.slow
 def test_quick_benchmark_writes_json_and_markdown(tmp_path):
-    proc = subprocess.run([sys.executable, str(HARNESS), "--quick", "--repeats", "1", "--pairs", "1", "--out", str(tmp_path)], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(HARNESS), "--quick", "--repeats", "1", "--pairs", "1", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert [r["backend"] for r in results["overhead"]] == ["paddle", "paddle", "torch", "torch"]
     for row in results["overhead"]:
         assert row["model"] == "resnet18" and row["unitrain_startup_s"] > 0 and row["native_startup_s"] > 0
-        assert row["ratio_ci"][0] <= row["ratio"] <= row["ratio_ci"][1] and row["cpu_ratio_ci"][0] <= row["cpu_ratio"] <= row["cpu_ratio_ci"][1]
+        assert (
+            row["ratio_ci"][0] <= row["ratio"] <= row["ratio_ci"][1]
+            and row["cpu_ratio_ci"][0] <= row["cpu_ratio"] <= row["cpu_ratio_ci"][1]
+        )
     assert results["machine"]["extensions"]
     assert len(results["data"]) == 8 and {r["workers"] for r in results["data"]} == {0, 2}
     variants = {(r["backend"], r["variant"]) for r in results["scaling"]}
     for backend in ("paddle", "torch"):
-        assert {(backend, "default"), (backend, "no all-reduce (2 independent jobs)"), (backend, "bucket_cap_mb=5")} <= variants
+        assert {
+            (backend, "default"),
+            (backend, "no all-reduce (2 independent jobs)"),
+            (backend, "bucket_cap_mb=5"),
+        } <= variants
     assert ("torch", "grad_compression=fp16") in variants
     assert all(r["buckets"] for r in results["scaling"] if r["variant"] == "bucket_cap_mb=5")
     # backend.tuned=true gets a scaling row only where it applies something: never torch on a CPU.
     tuned_scaling = [r for r in results["scaling"] if r["variant"].startswith("backend.tuned=true")]
-    assert all(r["backend"] == "paddle" and "MKL" in r["variant"] and r["ips_1x1"] > 0 for r in tuned_scaling), tuned_scaling
+    assert all(r["backend"] == "paddle" and "MKL" in r["variant"] and r["ips_1x1"] > 0 for r in tuned_scaling), (
+        tuned_scaling
+    )
     assert [r["grad_compression"] for r in results["compression"]] == ["none", "fp16"]
     assert all(0 <= r["val_top1"] <= 1 for r in results["compression"])
     tuned = {(r["backend"], r["variant"]): r["applied"] for r in results["tuned"]}
     assert tuned[("torch", "compile,channels_last")] and tuned[("paddle", "to_static")], tuned
-    assert [r["backend"] for r in results["maxbatch"]] == ["paddle", "torch"] and all(r["max_batch_size"] >= 64 for r in results["maxbatch"])
-    assert {r["model"] for r in results["loop"]} == {"resnet18"} and {r["backend"] for r in results["loop"]} == {"paddle", "torch"}
+    assert [r["backend"] for r in results["maxbatch"]] == ["paddle", "torch"] and all(
+        r["max_batch_size"] >= 64 for r in results["maxbatch"]
+    )
+    assert {r["model"] for r in results["loop"]} == {"resnet18"} and {r["backend"] for r in results["loop"]} == {
+        "paddle",
+        "torch",
+    }
     amp = {(r["backend"], r["amp"]): r["effective"] for r in results["amp"]}
     assert amp[("paddle", "O2")] == "fp32" and amp[("torch", "O2")] == "O2 bfloat16"
     assert (tmp_path / "results.png").stat().st_size > 0
     text = (tmp_path / "results.md").read_text()
-    for heading in ("## Overhead", "## The loop alone", "## Start-up", "## Data loading", "## Data-parallel scaling", "## What fp16 gradient compression costs",
-                    "## Each framework at its best", "## Largest batch that fits", "## Mixed precision"):
+    for heading in (
+        "## Overhead",
+        "## The loop alone",
+        "## Start-up",
+        "## Data loading",
+        "## Data-parallel scaling",
+        "## What fp16 gradient compression costs",
+        "## Each framework at its best",
+        "## Largest batch that fits",
+        "## Mixed precision",
+    ):
         assert heading in text
 
 
@@ -58,27 +86,58 @@ def test_bn_variance_reproduces_paddles_held_out_result_and_times_the_correction
     result; the biased definition gives another loss. The cost section runs and writes its files."""
     from conftest import FAST, run_unitrain
 
-    run = run_unitrain(["backend=paddle", *FAST, "trainer.batch_size=4", "trainer.steps=30", "data.val_samples=64", "trainer.checkpoint_every=30"], tmp_path / "job")
+    run = run_unitrain(
+        [
+            "backend=paddle",
+            *FAST,
+            "trainer.batch_size=4",
+            "trainer.steps=30",
+            "data.val_samples=64",
+            "trainer.checkpoint_every=30",
+        ],
+        tmp_path / "job",
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     script = str(HARNESS.parent / "bn_variance.py")
-    proc = subprocess.run([sys.executable, script, "accuracy", str(run.run_dir), "--out", str(tmp_path / "acc")], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, script, "accuracy", str(run.run_dir), "--out", str(tmp_path / "acc")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (row,) = json.loads((tmp_path / "acc" / "results.json").read_text())["rows"]
     held_out = run.summary()["eval"]
     assert row["step"] == 30 and row["smallest_n"] == 4  # batch 4, 1x1 maps in the last stages
-    assert abs(row["unbiased"]["val_loss"] - held_out["val_loss"]) < 1e-4 and row["unbiased"]["val_top1"] == held_out["val_top1"]
+    assert (
+        abs(row["unbiased"]["val_loss"] - held_out["val_loss"]) < 1e-4
+        and row["unbiased"]["val_top1"] == held_out["val_top1"]
+    )
     assert abs(row["biased"]["val_loss"] - row["unbiased"]["val_loss"]) > 1e-4
-    proc = subprocess.run([sys.executable, script, "cost", "--quick", "--steps", "2", "--out", str(tmp_path / "cost")], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, script, "cost", "--quick", "--steps", "2", "--out", str(tmp_path / "cost")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     (cost,) = json.loads((tmp_path / "cost" / "cost.json").read_text())["rows"]
-    assert cost["model"] == "tiny 16x16 batch 8" and cost["wall_ratio"][1] <= cost["wall_ratio"][0] <= cost["wall_ratio"][2]
+    assert (
+        cost["model"] == "tiny 16x16 batch 8"
+        and cost["wall_ratio"][1] <= cost["wall_ratio"][0] <= cost["wall_ratio"][2]
+    )
     assert "| tiny 16x16 batch 8 |" in (tmp_path / "cost" / "cost.md").read_text()
 
 
 @pytest.mark.slow
 def test_malloc_benchmark_runs_all_four_variants_and_writes_their_ratios(tmp_path):
     script = HARNESS.parent / "malloc.py"
-    proc = subprocess.run([sys.executable, str(script), "--quick", "--pairs", "1", "--backend", "paddle", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(script), "--quick", "--pairs", "1", "--backend", "paddle", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["backend"] == "paddle" and results["model"] == "resnet18" and results["pairs"] == 1
@@ -91,8 +150,22 @@ def test_malloc_benchmark_runs_all_four_variants_and_writes_their_ratios(tmp_pat
 
 @pytest.mark.slow
 def test_overhead_rows_can_be_measured_alone_and_a_wrong_one_is_named(tmp_path):
-    args = [sys.executable, str(HARNESS), "--quick", "--sections", "overhead", "--backends", "torch", "--pairs", "1", "--out", str(tmp_path)]
-    proc = subprocess.run([*args, "--layouts", "2x1", "--models", "resnet18"], capture_output=True, text=True, timeout=600)
+    args = [
+        sys.executable,
+        str(HARNESS),
+        "--quick",
+        "--sections",
+        "overhead",
+        "--backends",
+        "torch",
+        "--pairs",
+        "1",
+        "--out",
+        str(tmp_path),
+    ]
+    proc = subprocess.run(
+        [*args, "--layouts", "2x1", "--models", "resnet18"], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = json.loads((tmp_path / "results.json").read_text())["overhead"]
     assert [(r["model"], r["backend"], r["processes"], r["threads"]) for r in rows] == [("resnet18", "torch", 2, 1)]
@@ -107,7 +180,12 @@ RESULTS = HARNESS.parent / "results"
 def test_report_only_draws_a_committed_run_and_leaves_its_numbers_alone(tmp_path):
     shutil.copy(RESULTS / "tuned_paddle_mkl_avx2" / "results.json", tmp_path)
     before = (tmp_path / "results.json").read_bytes()
-    proc = subprocess.run([sys.executable, str(HARNESS), "--report-only", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(HARNESS), "--report-only", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "results.json").read_bytes() == before
     text = (tmp_path / "results.md").read_text()
@@ -127,12 +205,20 @@ def test_rows_measured_apart_combine_into_one_report_that_names_each_rows_run(tm
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = json.loads((out / "results.json").read_text())["overhead"]
     (replacement,) = json.loads((alone / "results.json").read_text())["overhead"]
-    expected = [replacement if (r["model"], r["processes"]) == ("resnet50", 2) else r for r in json.loads((full / "results.json").read_text())["overhead"]]
+    expected = [
+        replacement if (r["model"], r["processes"]) == ("resnet50", 2) else r
+        for r in json.loads((full / "results.json").read_text())["overhead"]
+    ]
     assert [r["ratio"] for r in rows] == [r["ratio"] for r in expected] and len(rows) == 4
     assert [r["measured_at"] for r in rows] == [full.name, full.name, full.name, alone.name]
-    assert f"| {replacement['pairs']} | {alone.name} |" in (out / "results.md").read_text() and (out / "results.png").exists()
+    assert (
+        f"| {replacement['pairs']} | {alone.name} |" in (out / "results.md").read_text()
+        and (out / "results.png").exists()
+    )
     again = subprocess.run(args, capture_output=True, text=True, timeout=120)  # never over an earlier report
-    assert again.returncode == 2 and "one is there already" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    assert (
+        again.returncode == 2 and "one is there already" in again.stderr and len(again.stderr.strip().splitlines()) == 1
+    )
 
 
 @pytest.mark.parametrize("found", [RESULTS / "malloc" / "results.json", RESULTS / "2026-11-22" / "results.json", None])
@@ -144,11 +230,18 @@ def test_results_it_cannot_keep_are_refused_before_anything_runs(tmp_path, found
     else:
         (tmp_path / "results.json").write_text('{"machine": {"cpu"')
     before = (tmp_path / "results.json").read_bytes()
-    proc = subprocess.run([sys.executable, str(HARNESS), "--quick", "--sections", "amp", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(HARNESS), "--quick", "--sections", "amp", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stdout == ""
     (line,) = proc.stderr.strip().splitlines()
     assert "is not results of this harness" in line and "nothing was run or written" in line
-    assert (tmp_path / "results.json").read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+    assert (tmp_path / "results.json").read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [
+        "results.json"
+    ]
 
 
 @pytest.mark.slow
@@ -166,8 +259,14 @@ def test_a_partial_run_keeps_the_other_sections_and_an_interrupt_keeps_the_finis
     def terminal_job():  # SIGINT as a terminal's foreground job gets it, even under a backgrounded suite
         signal.signal(signal.SIGINT, signal.SIG_DFL)
 
-    second = subprocess.Popen([*base, "--sections", "amp,data"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True, preexec_fn=terminal_job)  # fmt: skip
+    second = subprocess.Popen(
+        [*base, "--sections", "amp,data"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        preexec_fn=terminal_job,
+    )
     seen, deadline = set(), time.monotonic() + 240
     while time.monotonic() < deadline and not json.loads((tmp_path / "results.json").read_text())["amp"]:
         assert second.poll() is None, second.communicate()
@@ -191,10 +290,17 @@ def test_a_partial_run_keeps_the_other_sections_and_an_interrupt_keeps_the_finis
     assert not alive(seen), [Path(f"/proc/{p}/cmdline").read_text() for p in alive(seen)]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["maxbatch"] == [kept] and results["data"] == []
-    assert [r["amp"] for r in results["amp"]] == ["O0", "O2"] and {r["measured_at"] for r in results["amp"]} == {results["started"]}
-    assert kept["measured_at"] != results["started"] and set(results["runs"]) == {kept["measured_at"], results["started"]}
+    assert [r["amp"] for r in results["amp"]] == ["O0", "O2"] and {r["measured_at"] for r in results["amp"]} == {
+        results["started"]
+    }
+    assert kept["measured_at"] != results["started"] and set(results["runs"]) == {
+        kept["measured_at"],
+        results["started"],
+    }
     text = (tmp_path / "results.md").read_text()
-    assert "## Largest batch that fits" in text and f"| {kept['measured_at']} |" in text and "## Mixed precision" in text
+    assert (
+        "## Largest batch that fits" in text and f"| {kept['measured_at']} |" in text and "## Mixed precision" in text
+    )
     assert (tmp_path / "results.png").stat().st_size > 0
 
 
@@ -211,11 +317,32 @@ def test_a_failing_section_is_logged_and_the_others_still_run(tmp_path):
     )
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "fault")}
-    proc = subprocess.run([sys.executable, str(HARNESS), "--quick", "--repeats", "1", "--backends", "torch", "--sections", "maxbatch,amp", "--out", str(out)],
-                          capture_output=True, text=True, timeout=300, env=env)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(HARNESS),
+            "--quick",
+            "--repeats",
+            "1",
+            "--backends",
+            "torch",
+            "--sections",
+            "maxbatch,amp",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     first, last = proc.stderr.strip().splitlines()
-    assert "section maxbatch failed: maxbatch torch failed (exit status 1): SystemExit: maxbatch cannot start here" in first and "failed: maxbatch" in last
+    assert (
+        "section maxbatch failed: maxbatch torch failed (exit status 1): SystemExit: maxbatch cannot start here"
+        in first
+        and "failed: maxbatch" in last
+    )
     assert "maxbatch cannot start here" in (out / "failed_maxbatch.log").read_text()
     results = json.loads((out / "results.json").read_text())
     assert results["maxbatch"] == [] and [r["amp"] for r in results["amp"]] == ["O0", "O2"]

@@ -48,7 +48,9 @@ def test_checkpoints_are_complete_and_latest_points_to_the_newest(finished):
 
 def test_resumed_run_equals_the_uninterrupted_one(finished, tmp_path):
     backend, full = finished
-    resumed = run_unitrain([f"backend={backend}", *CKPT, f"trainer.resume={full.run_dir / 'checkpoints' / 'step4'}"], tmp_path)
+    resumed = run_unitrain(
+        [f"backend={backend}", *CKPT, f"trainer.resume={full.run_dir / 'checkpoints' / 'step4'}"], tmp_path
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     # Steps 1-4 are the history carried over from the checkpoint's run; 5-8 ran again, and in
     # fp32, one process, deterministic kernels, bit for bit.
@@ -65,7 +67,9 @@ def test_resumed_run_equals_the_uninterrupted_one(finished, tmp_path):
     # summary.json describes the whole run too, not only the steps since the resume: its
     # throughput over the same steps as the uninterrupted run's, its wall time on that clock.
     summary = resumed.summary()
-    assert summary["steps"] == 8 and summary["profiler"]["measured_steps"] == full.summary()["profiler"]["measured_steps"]
+    assert (
+        summary["steps"] == 8 and summary["profiler"]["measured_steps"] == full.summary()["profiler"]["measured_steps"]
+    )
     assert summary["wall_time_s"] >= elapsed[-1] > elapsed[3]
 
 
@@ -73,7 +77,9 @@ def test_resumed_run_keeps_the_held_out_evaluations_and_their_clock(tmp_path):
     held_out = [*CKPT, "backend=torch", "data.val_samples=40", "trainer.eval_every=4"]
     full = run_unitrain(held_out, tmp_path / "full")
     assert full.returncode == 0, full.stderr[-2000:]
-    resumed = run_unitrain([*held_out, f"trainer.resume={full.run_dir / 'checkpoints' / 'step4'}"], tmp_path / "resumed")
+    resumed = run_unitrain(
+        [*held_out, f"trainer.resume={full.run_dir / 'checkpoints' / 'step4'}"], tmp_path / "resumed"
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     evals, before = held_out_lines(resumed), held_out_lines(full)
     assert [r["step"] for r in evals] == [4, 8]
@@ -114,7 +120,11 @@ def test_truncated_checkpoint_is_refused_and_nothing_changes(finished, tmp_path)
     before = sorted(p.name for p in broken.iterdir())
     result = run_unitrain([f"backend={backend}", *CKPT, f"trainer.resume={broken}"], tmp_path / "new")
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith(f"unitrain: error: checkpoint {broken} is corrupt or truncated: model.npz")
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"unitrain: error: checkpoint {broken} is corrupt or truncated: model.npz")
+    )
     assert sorted(p.name for p in broken.iterdir()) == before
     assert not (result.run_dir / "metrics.jsonl").exists() and not (result.run_dir / "checkpoints").exists()
 
@@ -122,7 +132,9 @@ def test_truncated_checkpoint_is_refused_and_nothing_changes(finished, tmp_path)
 def test_checkpoint_of_another_model_is_refused(finished, tmp_path):
     backend, full = finished
     step4 = full.run_dir / "checkpoints" / "step4"
-    wrong_model = run_unitrain([f"backend={backend}", *CKPT, "model=resnet18", f"trainer.resume={step4}"], tmp_path / "model")
+    wrong_model = run_unitrain(
+        [f"backend={backend}", *CKPT, "model=resnet18", f"trainer.resume={step4}"], tmp_path / "model"
+    )
     assert wrong_model.returncode == 2 and "holds model=tiny, not model=resnet18" in wrong_model.stderr
 
 
@@ -147,20 +159,28 @@ def test_checkpoint_of_the_other_framework_resumes_with_converted_weights(finish
     runs = load_runs([result.run_dir])
     assert throughput(runs)["over"] == "2 steps"
     [warning] = fairness_warnings(runs)
-    assert f"continued a {backend} run: steps 1-8" in warning and "time to target and curves mix two frameworks" in warning
+    assert (
+        f"continued a {backend} run: steps 1-8" in warning and "time to target and curves mix two frameworks" in warning
+    )
 
 
 def test_converted_checkpoint_loads_in_plain_framework_code(finished, tmp_path):
     backend, full = finished
     other = "torch" if backend == "paddle" else "paddle"
     out = tmp_path / f"weights.{other}"
-    proc = subprocess.run([sys.executable, "-m", "unitrain.convert", str(full.run_dir), "--to", other, "--out", str(out)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "unitrain.convert", str(full.run_dir), "--to", other, "--out", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"step 8) -> {other}" in proc.stdout
     # Plain framework code, no unitrain: the file loads as a dict of named tensors.
     plain = {
-        "torch": "import torch; sd = torch.load(r'{p}'); print(len(sd), tuple(sd['fc.weight'].shape), sd['bn1.running_var'].dtype)",
-        "paddle": "import paddle; sd = paddle.load(r'{p}'); print(len(sd), tuple(sd['fc.weight'].shape), sd['bn1._variance'].dtype)",
+        "torch": "import torch; sd = torch.load(r'{p}'); "
+        "print(len(sd), tuple(sd['fc.weight'].shape), sd['bn1.running_var'].dtype)",
+        "paddle": "import paddle; sd = paddle.load(r'{p}'); "
+        "print(len(sd), tuple(sd['fc.weight'].shape), sd['bn1._variance'].dtype)",
     }[other].format(p=out)
     loaded = subprocess.run([sys.executable, "-c", plain], capture_output=True, text=True, cwd=tmp_path)
     assert loaded.returncode == 0, loaded.stderr[-2000:]
@@ -194,7 +214,15 @@ def test_resuming_a_finished_run_changes_nothing(finished, tmp_path):
     backend, full = finished
     before = {name: (full.run_dir / name).read_bytes() for name in ("metrics.jsonl", "summary.json")}
     for target in (full.run_dir, tmp_path / "new"):
-        args = [sys.executable, "-m", "unitrain", f"backend={backend}", *CKPT, f"trainer.resume={full.run_dir}", f"hydra.run.dir={target}"]
+        args = [
+            sys.executable,
+            "-m",
+            "unitrain",
+            f"backend={backend}",
+            *CKPT,
+            f"trainer.resume={full.run_dir}",
+            f"hydra.run.dir={target}",
+        ]
         proc = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert "nothing left to run; earlier results are unchanged" in proc.stdout
@@ -216,14 +244,29 @@ def test_resume_into_its_own_run_dir_keeps_the_history_and_cleans_partial_writes
     assert losses(result) == losses(full)  # steps 1-4 kept, 5-8 again, each once
     assert not leftover.exists()
     # A resumed run is the same job: comparing it with the uninterrupted one draws no warning.
-    compare = subprocess.run([sys.executable, "-m", "unitrain.compare", str(full.run_dir), str(result.run_dir), "--out", str(tmp_path / "cmp")],
-                             capture_output=True, text=True, cwd=tmp_path)  # fmt: skip
+    compare = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "unitrain.compare",
+            str(full.run_dir),
+            str(result.run_dir),
+            "--out",
+            str(tmp_path / "cmp"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert compare.returncode == 0, compare.stderr[-2000:]
     assert "differ in" not in compare.stdout, compare.stdout
 
 
 def test_keep_checkpoints_keeps_the_newest(tmp_path):
-    result = run_unitrain(["backend=torch", *FAST, "trainer.steps=8", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=2"], tmp_path)
+    result = run_unitrain(
+        ["backend=torch", *FAST, "trainer.steps=8", "trainer.checkpoint_every=2", "trainer.keep_checkpoints=2"],
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     root = result.run_dir / "checkpoints"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step6", "step8"]
@@ -244,9 +287,21 @@ def test_resume_latest_skips_checkpoints_that_do_not_fit(finished, tmp_path):
     result = run_unitrain([f"backend={backend}", *FAST, "trainer.steps=9", "trainer.resume=latest"], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     assert f"resumed from {tmp_path / 'runs' / 'fits'}" in result.stdout + result.stderr
-    args = [f"backend={backend}", *FAST, "model=resnet50", "trainer.resume=latest", f"hydra.run.dir={tmp_path / 'none'}"]
-    nothing = subprocess.run([sys.executable, "-m", "unitrain", *args], capture_output=True, text=True, cwd=tmp_path, timeout=300)
-    assert nothing.returncode == 2 and "none of the 2 checkpoint(s)" in nothing.stderr and "model=resnet50" in nothing.stderr
+    args = [
+        f"backend={backend}",
+        *FAST,
+        "model=resnet50",
+        "trainer.resume=latest",
+        f"hydra.run.dir={tmp_path / 'none'}",
+    ]
+    nothing = subprocess.run(
+        [sys.executable, "-m", "unitrain", *args], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+    assert (
+        nothing.returncode == 2
+        and "none of the 2 checkpoint(s)" in nothing.stderr
+        and "model=resnet50" in nothing.stderr
+    )
 
 
 def test_convert_errors_are_one_line(finished, tmp_path):
@@ -256,7 +311,9 @@ def test_convert_errors_are_one_line(finished, tmp_path):
         (["latest", "--to", "torch"], "checkpoint=latest: no checkpoint under"),
     ]
     for args, expected in cases:
-        proc = subprocess.run([sys.executable, "-m", "unitrain.convert", *args], capture_output=True, text=True, cwd=tmp_path)
+        proc = subprocess.run(
+            [sys.executable, "-m", "unitrain.convert", *args], capture_output=True, text=True, cwd=tmp_path
+        )
         assert proc.returncode == 2 and expected in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr
 

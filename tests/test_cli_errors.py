@@ -15,14 +15,23 @@ from conftest import BACKENDS, FAST
     [
         (["backend=tensorflow"], "backend='tensorflow' is not allowed: one of paddle, torch"),
         (["-m", "backend=paddle,jax"], "backend='jax' is not allowed: one of paddle, torch"),
-        (["model=vgg"], "model='vgg' is not allowed: one of resnet18, resnet18_cifar, resnet18_stride2, resnet50, tiny"),
+        (
+            ["model=vgg"],
+            "model='vgg' is not allowed: one of resnet18, resnet18_cifar, resnet18_stride2, resnet50, tiny",
+        ),
         (["data=imagefolder"], "data.path=None is not allowed"),
-        (["data=imagefolder", "data.path=/no/such/dir"], "data.path='/no/such/dir' is not allowed: an existing directory"),
+        (
+            ["data=imagefolder", "data.path=/no/such/dir"],
+            "data.path='/no/such/dir' is not allowed: an existing directory",
+        ),
         (["optim.lr=0"], "optim.lr=0.0 is not allowed: a finite number > 0"),
         (["optim.lr=-0.1"], "optim.lr=-0.1 is not allowed: a finite number > 0"),
         (["trainer.batch_size=64", "data.num_samples=20"], "trainer.batch_size=64 is not allowed: at most 20"),
         (["backend=paddle", "amp.impl=apex"], "amp.impl='apex' is not allowed: native with backend=paddle"),
-        (["amp=O1", "amp.custom_white_list=[gemm]"], "amp.custom_white_list=['gemm'] is not allowed: op names from conv2d"),
+        (
+            ["amp=O1", "amp.custom_white_list=[gemm]"],
+            "amp.custom_white_list=['gemm'] is not allowed: op names from conv2d",
+        ),
         (["dist.node_rank=1"], "dist.node_rank=1 is not allowed: an integer in [0, 1) (dist.nnodes=1)"),
         (["dist.nnodes=2"], "dist.master_port=None is not allowed: a port number that every node uses"),
         (["dist.nproc_per_node=0"], "dist.nproc_per_node=0 is not allowed: a finite number > 0"),
@@ -62,15 +71,30 @@ def test_empty_imagefolder(unitrain_cli, tmp_path):
 def test_unwritable_run_dir_is_one_line(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    result = subprocess.run([sys.executable, "-m", "unitrain", *FAST, f"hydra.run.dir={blocker / 'run'}"], capture_output=True, text=True, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "unitrain", *FAST, f"hydra.run.dir={blocker / 'run'}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines() == [f"unitrain: error: hydra.run.dir='{blocker / 'run'}' is not allowed: Not a directory; allowed: a directory this user can write"]
+    assert result.stderr.strip().splitlines() == [
+        f"unitrain: error: hydra.run.dir='{blocker / 'run'}' is not allowed: Not a directory; allowed: a directory "
+        "this user can write"
+    ]
 
 
 def test_run_dir_with_earlier_results_is_refused_and_kept(unitrain_cli):
     first = unitrain_cli(*FAST, "trainer.steps=2")
     assert first.returncode == 0, first.stderr[-2000:]
-    kept = {p: p.read_bytes() for p in [first.run_dir / "metrics.jsonl", first.run_dir / "summary.json", first.run_dir / ".hydra" / "config.yaml"]}
+    kept = {
+        p: p.read_bytes()
+        for p in [
+            first.run_dir / "metrics.jsonl",
+            first.run_dir / "summary.json",
+            first.run_dir / ".hydra" / "config.yaml",
+        ]
+    }
     again = unitrain_cli(*FAST, "trainer.steps=3")
     assert again.returncode == 2
     assert "it holds an earlier run's results (metrics.jsonl), which this run would replace" in again.stderr
@@ -80,7 +104,10 @@ def test_run_dir_with_earlier_results_is_refused_and_kept(unitrain_cli):
 @pytest.mark.slow
 def test_default_run_dirs_of_simultaneous_runs_differ(tmp_path):
     args = [sys.executable, "-m", "unitrain", *FAST, "trainer.steps=2"]
-    procs = [subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    procs = [
+        subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        for _ in range(2)
+    ]
     for proc in procs:
         _, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, err[-2000:]
@@ -93,7 +120,9 @@ def test_nonfinite_loss_stops_with_one_line(backend, unitrain_cli):
     result = unitrain_cli(f"backend={backend}", *FAST, "trainer.steps=6", "optim.lr=1e30")
     assert result.returncode == 1, result.stderr[-2000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("unitrain: error:")]
-    assert len(errors) == 1 and "the loss is nan at step" in errors[0] and "trainer.on_nonfinite=warn" in errors[0], result.stderr
+    assert len(errors) == 1 and "the loss is nan at step" in errors[0] and "trainer.on_nonfinite=warn" in errors[0], (
+        result.stderr
+    )
     assert "Traceback" not in result.stderr
     assert not (result.run_dir / "summary.json").exists()
     assert result.metrics(), "the steps before the stop are kept"
@@ -103,7 +132,13 @@ def test_nonfinite_loss_stops_with_one_line(backend, unitrain_cli):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_nonfinite_loss_warned_in_data_parallel_compares_ranks_nan_safely(backend, unitrain_cli):
     result = unitrain_cli(
-        f"backend={backend}", *FAST, "trainer.steps=4", "optim.lr=1e30", "trainer.on_nonfinite=warn", "dist.nproc_per_node=2", "trainer.threads=1"
+        f"backend={backend}",
+        *FAST,
+        "trainer.steps=4",
+        "optim.lr=1e30",
+        "trainer.on_nonfinite=warn",
+        "dist.nproc_per_node=2",
+        "trainer.threads=1",
     )
     assert result.returncode == 0, result.stderr[-2000:]
     output = result.stdout + result.stderr + "".join(p.read_text() for p in result.run_dir.glob("workerlog.*"))
@@ -139,7 +174,13 @@ def test_more_workers_than_cores_is_warned_in_one_line(unitrain_cli):
     from unitrain.host.threads import available_cores
 
     workers = available_cores() + 1
-    result = unitrain_cli(*FAST[:-2], "trainer.progress=false", "trainer.steps=2", "trainer.threads=1", f"dist.nproc_per_node={workers}")
+    result = unitrain_cli(
+        *FAST[:-2], "trainer.progress=false", "trainer.steps=2", "trainer.threads=1", f"dist.nproc_per_node={workers}"
+    )
     assert result.returncode == 0, result.stderr[-2000:]
-    warnings = [x for x in (result.stdout + result.stderr).splitlines() if f"dist.nproc_per_node={workers} is more than the" in x]
+    warnings = [
+        x
+        for x in (result.stdout + result.stderr).splitlines()
+        if f"dist.nproc_per_node={workers} is more than the" in x
+    ]
     assert len(warnings) == 1

@@ -7,11 +7,11 @@ from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from unitrain.launch import preflight
-from unitrain.launch.hydra import check_group_choices, group_options
 from unitrain.config.schema import register_configs
 from unitrain.config.validation import validate
 from unitrain.errors import ConfigError
+from unitrain.launch import preflight
+from unitrain.launch.hydra import check_group_choices, group_options
 
 register_configs()
 
@@ -74,10 +74,21 @@ def test_seed_experiment_is_one_choice_away():
 
 def test_fashion_mnist_recipe_is_the_one_readme_measured_and_the_first_is_three_overrides_away():
     cfg = make("experiment=fashion_mnist_resnet18")
-    assert (cfg.model.name, cfg.data.name, cfg.data.image_size, cfg.data.augment, cfg.model.init) == ("resnet18_stride2", "fashion_mnist", 28, "flip", "shared")
+    assert (cfg.model.name, cfg.data.name, cfg.data.image_size, cfg.data.augment, cfg.model.init) == (
+        "resnet18_stride2",
+        "fashion_mnist",
+        28,
+        "flip",
+        "shared",
+    )
     assert (cfg.trainer.epochs, cfg.trainer.batch_size, cfg.trainer.steps) == (10, 128, None)
     first = make("experiment=fashion_mnist_resnet18", "model=resnet18", "data.image_size=32", "data.augment=standard")
-    assert (first.model.name, first.data.image_size, first.data.augment, first.model.init) == ("resnet18", 32, "standard", "shared")
+    assert (first.model.name, first.data.image_size, first.data.augment, first.model.init) == (
+        "resnet18",
+        32,
+        "standard",
+        "shared",
+    )
     validate(cfg)
     validate(first)
 

@@ -44,7 +44,15 @@ def assert_differs(a: dict, b: dict):
 
 
 # What the frameworks print while a job starts: it belongs in workerlog.N, not on the screen.
-FRAMEWORK_NOISE = ("topology.py", "is not in group", "warnings.warn", "FLAGS", "tcp_store.cc", "distributed_strategy.py", "OMP_NUM_THREADS")
+FRAMEWORK_NOISE = (
+    "topology.py",
+    "is not in group",
+    "warnings.warn",
+    "FLAGS",
+    "tcp_store.cc",
+    "distributed_strategy.py",
+    "OMP_NUM_THREADS",
+)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -73,7 +81,9 @@ def test_two_workers_equal_one_worker_with_the_doubled_batch(backend, tmp_path):
     assert "[rank 0] " in two.stdout and "| 2 | 16 |" in two.stdout
     # The frameworks' start-up output stays in the logs; the user sees unitrain's lines only.
     echoed = [line[len("[rank 0] ") :] for line in two.stdout.splitlines() if line.startswith("[rank 0] ")]
-    assert echoed[0].startswith("[") and "][unitrain][INFO] - " in echoed[0] and "(rank 0 of 2)" in echoed[0], two.stdout
+    assert echoed[0].startswith("[") and "][unitrain][INFO] - " in echoed[0] and "(rank 0 of 2)" in echoed[0], (
+        two.stdout
+    )
     assert "Perf Summary" in two.stdout
     assert [n for n in FRAMEWORK_NOISE if n in two.stdout + two.stderr] == []
     if backend == "paddle":
@@ -105,7 +115,10 @@ def test_accumulation_in_data_parallel_skips_nothing(backend, tmp_path):
 
 
 def test_linear_lr_scaling_keeps_the_per_device_batch(tmp_path):
-    result = run_unitrain(["backend=torch", *FAST, "trainer.steps=2", "trainer.batch_size=8", "optim.lr=0.05", "dist.nproc_per_node=2"], tmp_path)
+    result = run_unitrain(
+        ["backend=torch", *FAST, "trainer.steps=2", "trainer.batch_size=8", "optim.lr=0.05", "dist.nproc_per_node=2"],
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     s = result.summary()
     assert (s["batch_size"], s["global_batch_size"], s["lr"], s["lr_scaling"]) == (8, 16, 0.1, "linear")
@@ -114,9 +127,15 @@ def test_linear_lr_scaling_keeps_the_per_device_batch(tmp_path):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_sync_bn_on_cpu_is_refused_in_one_line(backend, tmp_path):
-    result = run_unitrain([f"backend={backend}", *FAST, "trainer.steps=2", "dist.nproc_per_node=2", "dist.sync_bn=true"], tmp_path)
+    result = run_unitrain(
+        [f"backend={backend}", *FAST, "trainer.steps=2", "dist.nproc_per_node=2", "dist.sync_bn=true"], tmp_path
+    )
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines()[-1].startswith("unitrain: error: dist.sync_bn=True is not allowed: false on cpu")
+    assert (
+        result.stderr.strip()
+        .splitlines()[-1]
+        .startswith("unitrain: error: dist.sync_bn=True is not allowed: false on cpu")
+    )
 
 
 def _alive(pid: int) -> bool:
@@ -146,9 +165,17 @@ def _processes_mentioning(text: str) -> list:
 
 def _start_training(backend: str, run_dir: Path) -> tuple:
     cmd = [
-        sys.executable, "-m", "unitrain", f"backend={backend}", *FAST, "trainer.steps=100000", "trainer.log_every=1",
-        "dist.nproc_per_node=2", "trainer.threads=1", f"hydra.run.dir={run_dir}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "unitrain",
+        f"backend={backend}",
+        *FAST,
+        "trainer.steps=100000",
+        "trainer.log_every=1",
+        "dist.nproc_per_node=2",
+        "trainer.threads=1",
+        f"hydra.run.dir={run_dir}",
+    ]
     main = subprocess.Popen(cmd, cwd=run_dir.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -208,33 +235,56 @@ def test_a_rank_stuck_when_another_dies_is_not_blamed(tmp_path):
         _end(main, statuses)
     assert main.returncode not in (0, None)
     first = err.splitlines()[0]
-    assert first.startswith("unitrain: error: rank 1 stopped without reporting") and "rank 0 stopped" not in first, err[-3000:]
+    assert first.startswith("unitrain: error: rank 1 stopped without reporting") and "rank 0 stopped" not in first, err[
+        -3000:
+    ]
     assert "rank(s) 0 ended after it" in first
     assert f"last lines of {run_dir / 'workerlog.1'}" in err
     assert not [p for p in (s["pid"] for s in statuses.values()) if _alive(p)]
 
 
 def test_multirun_over_both_backends_in_data_parallel(tmp_path):
-    result = run_unitrain(["-m", "backend=paddle,torch", *FAST, "trainer.steps=3", "dist.nproc_per_node=2", "trainer.threads=1"], tmp_path)
+    result = run_unitrain(
+        ["-m", "backend=paddle,torch", *FAST, "trainer.steps=3", "dist.nproc_per_node=2", "trainer.threads=1"], tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     lines = (tmp_path / "multirun" / "comparison.md").read_text().splitlines()
     header = next([c.strip() for c in line.split("|")] for line in lines if line.startswith("| backend"))
-    rows = [dict(zip(header, (c.strip() for c in line.split("|")))) for line in lines if line.startswith(("| paddle", "| torch"))]
+    rows = [
+        dict(zip(header, (c.strip() for c in line.split("|"))))
+        for line in lines
+        if line.startswith(("| paddle", "| torch"))
+    ]
     assert [(r["backend"], r["world"]) for r in rows] == [("paddle", "2"), ("torch", "2")]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_two_nodes_on_loopback(backend, tmp_path):
-    # The README's two-machine command, with both "machines" on this one: each main process
+    # docs/data-parallel.md's two-machine command, with both "machines" on this one: each main process
     # starts its node's launcher, and the nodes meet at dist.master_addr:dist.master_port.
     from unitrain.host.ports import free_port
 
     common = [
-        sys.executable, "-m", "unitrain", f"backend={backend}", *FAST, "trainer.steps=3", "trainer.threads=1",
-        "dist.nnodes=2", "dist.nproc_per_node=1", "dist.master_addr=127.0.0.1", f"dist.master_port={free_port()}",
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "unitrain",
+        f"backend={backend}",
+        *FAST,
+        "trainer.steps=3",
+        "trainer.threads=1",
+        "dist.nnodes=2",
+        "dist.nproc_per_node=1",
+        "dist.master_addr=127.0.0.1",
+        f"dist.master_port={free_port()}",
+    ]
     nodes = [
-        subprocess.Popen([*common, f"dist.node_rank={n}", f"hydra.run.dir={tmp_path / f'node{n}'}"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [*common, f"dist.node_rank={n}", f"hydra.run.dir={tmp_path / f'node{n}'}"],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for n in (0, 1)
     ]
     outputs = [node.communicate(timeout=180) for node in nodes]
@@ -245,14 +295,20 @@ def test_two_nodes_on_loopback(backend, tmp_path):
     assert json.loads((tmp_path / "node1" / ".workers" / "rank1.json").read_text())["status"] == "done"
 
 
-@pytest.mark.parametrize("backend,launcher", [("paddle", "paddle.distributed.launch"), ("torch", "torch.distributed.run")])
+@pytest.mark.parametrize(
+    "backend,launcher", [("paddle", "paddle.distributed.launch"), ("torch", "torch.distributed.run")]
+)
 def test_library_collectives_under_the_frameworks_launchers(backend, launcher, tmp_path):
     probe = Path(__file__).with_name("collectives_probe.py")
     extra = ["--log_dir", str(tmp_path / "logs")] if backend == "paddle" else []
     proc = subprocess.run(
         [sys.executable, "-m", launcher, "--nproc_per_node", "2", *extra, str(probe), backend],
-        cwd=tmp_path, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     line = next(line for line in proc.stdout.splitlines() if line.startswith("{"))
     assert json.loads(line) == {"broadcast": {"from": 1, "items": [1, 2]}, "mean": 1.5, "max": [1.0, 10.0]}

@@ -13,13 +13,14 @@ from hypothesis import strategies as st
 from conftest import BACKENDS, FAST, run_unitrain
 from unitrain.data.augment import AugmentedDataset, EpochKeyedBatches
 from unitrain.data.datasets import LearnableDataset, SyntheticDataset
-from unitrain.train.evaluation import HeldOutBatches
 from unitrain.data.fashion_mnist import DEFAULT_PATH, available
 from unitrain.data.sampler import DistributedBatchSampler
+from unitrain.train.evaluation import HeldOutBatches
 
 HAVE_FASHION_MNIST = available()
 needs_fashion_mnist = pytest.mark.skipif(
-    not HAVE_FASHION_MNIST, reason=f"Fashion-MNIST is not in {DEFAULT_PATH} (apt-get install dataset-fashion-mnist; make test does it as root)"
+    not HAVE_FASHION_MNIST,
+    reason=f"Fashion-MNIST is not in {DEFAULT_PATH} (apt-get install dataset-fashion-mnist; make test does it as root)",
 )
 
 
@@ -89,13 +90,20 @@ def test_evaluation_is_logged_and_timed_apart(unitrain_cli):
 def test_data_parallel_evaluation_equals_one_process(backend, tmp_path):
     """37 held-out samples over 2 ranks (19 + 18): each counted once, as one process counts them."""
     import unitrain
-    from unitrain.train.checkpoint import read_model_arrays
+    from unitrain.config.schema import DataConfig
     from unitrain.data.datasets import build_heldout_dataset
     from unitrain.interface.distributed import DistributedContext
+    from unitrain.train.checkpoint import read_model_arrays
     from unitrain.train.evaluation import Evaluator
-    from unitrain.config.schema import DataConfig
 
-    args = [f"backend={backend}", *FAST, "trainer.steps=4", "data.val_samples=37", "trainer.eval_batch_size=8", "trainer.checkpoint_every=4"]
+    args = [
+        f"backend={backend}",
+        *FAST,
+        "trainer.steps=4",
+        "data.val_samples=37",
+        "trainer.eval_batch_size=8",
+        "trainer.checkpoint_every=4",
+    ]
     result = run_unitrain([*args, "dist.nproc_per_node=2", "trainer.threads=1"], tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
     distributed = result.summary()["eval"]
@@ -104,7 +112,9 @@ def test_data_parallel_evaluation_equals_one_process(backend, tmp_path):
     b = unitrain.get_backend(backend)
     model = b.build_model("tiny", 10)
     b.load_state_arrays(model, read_model_arrays(result.run_dir / "checkpoints" / "step4"))
-    held_out = build_heldout_dataset(DataConfig(name="learnable", image_size=16, val_samples=37), seed=result.summary()["seed"])
+    held_out = build_heldout_dataset(
+        DataConfig(name="learnable", image_size=16, val_samples=37), seed=result.summary()["seed"]
+    )
     single = Evaluator(b, held_out, DistributedContext(), batch_size=37)(model, b.precision())
     assert single["val_samples"] == 37
     assert single["val_top1"] == distributed["val_top1"] and single["val_top5"] == distributed["val_top5"]
@@ -129,16 +139,28 @@ def test_truncated_idx_file_gives_one_line(unitrain_cli, tmp_path):
     with gzip.open(folder / "train-labels-idx1-ubyte.gz", "wb") as f:
         f.write(bytes([0, 0, 8, 1]) + np.array([100], ">i4").tobytes() + bytes(100))
     result = unitrain_cli(*FAST, "data=fashion_mnist", f"data.path={folder}", "trainer.steps=2")
-    assert result.returncode == 2 and "train-images-idx3-ubyte.gz is truncated" in result.stderr and "Traceback" not in result.stderr
+    assert (
+        result.returncode == 2
+        and "train-images-idx3-ubyte.gz is truncated" in result.stderr
+        and "Traceback" not in result.stderr
+    )
 
 
 @needs_fashion_mnist
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_short_fashion_mnist_run_learns_well_above_chance(backend, unitrain_cli):
     result = unitrain_cli(
-        f"backend={backend}", *FAST, "data=fashion_mnist", "data.image_size=28", "data.num_samples=768", "data.val_samples=500",
-        "trainer.batch_size=32", "trainer.steps=null", "trainer.epochs=2", "optim.lr=0.05",
-    )  # fmt: skip
+        f"backend={backend}",
+        *FAST,
+        "data=fashion_mnist",
+        "data.image_size=28",
+        "data.num_samples=768",
+        "data.val_samples=500",
+        "trainer.batch_size=32",
+        "trainer.steps=null",
+        "trainer.epochs=2",
+        "optim.lr=0.05",
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     held_out = result.summary()["eval"]
     assert held_out["val_samples"] == 500

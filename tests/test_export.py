@@ -21,7 +21,9 @@ FOUR = {"model.torch.pt2", "model.torch.onnx", "model.paddle.json", "model.paddl
 
 def cli(module: str, *args: str, cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def one_line(stderr: str) -> str:
@@ -118,7 +120,19 @@ def test_fixed_batch_export_and_refusals_keep_what_exists(exported, tmp_path):
     again = cli("unitrain.export", str(run_dir), "--format", "onnx", "--batch", "3", "--out", str(out), cwd=tmp_path)
     assert again.returncode == 2 and "already exists" in one_line(again.stderr)
     # A tolerance no fp32 runtime meets: the artifact is refused and not kept.
-    strict = cli("unitrain.export", str(run_dir), "--format", "onnx", "--to", "torch,paddle", "--tolerance", "1e-30", "--out", str(out), cwd=tmp_path)
+    strict = cli(
+        "unitrain.export",
+        str(run_dir),
+        "--format",
+        "onnx",
+        "--to",
+        "torch,paddle",
+        "--tolerance",
+        "1e-30",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert strict.returncode == 1 and "computes something else than the checkpoint" in one_line(strict.stderr)
     assert (out / "export.json").read_text() == before
     assert sorted(p.name for p in out.iterdir()) == sorted(["export.json", name])
@@ -154,9 +168,22 @@ def test_infer_runs_every_artifact_in_every_runtime_and_reports(exported, tmp_pa
         pytest.skip("one source framework is enough: the artifacts are the same four kinds")
     out = tmp_path / "bench"
     proc = cli(
-        "unitrain.infer", str(run_dir), "--batch", "1,4", "--threads", "1", "--warmup", "1", "--min-iters", "3", "--min-time", "0",
-        "--out", str(out), cwd=tmp_path,
-    )  # fmt: skip
+        "unitrain.infer",
+        str(run_dir),
+        "--batch",
+        "1,4",
+        "--threads",
+        "1",
+        "--warmup",
+        "1",
+        "--min-iters",
+        "3",
+        "--min-time",
+        "0",
+        "--out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "inference.json").read_text())
     runtimes = {(r["name"], r["runtime"]) for r in result["rows"]}
@@ -193,7 +220,19 @@ def test_infer_corrupt_or_missing_artifact_is_one_line(exported, tmp_path):
     missing = cli("unitrain.infer", str(copy / "model.none.onnx"), cwd=tmp_path)
     assert missing.returncode == 2 and "does not exist" in one_line(missing.stderr)
     (copy / "model.torch.onnx").write_bytes(b"not a model")
-    corrupt = cli("unitrain.infer", str(copy / "model.torch.onnx"), "--batch", "1", "--min-iters", "1", "--min-time", "0", "--out", str(tmp_path / "o"), cwd=tmp_path)
+    corrupt = cli(
+        "unitrain.infer",
+        str(copy / "model.torch.onnx"),
+        "--batch",
+        "1",
+        "--min-iters",
+        "1",
+        "--min-time",
+        "0",
+        "--out",
+        str(tmp_path / "o"),
+        cwd=tmp_path,
+    )
     line = one_line(corrupt.stderr)
     assert corrupt.returncode == 1 and "onnxruntime on model.torch.onnx" in line and "failed" in line
     os.remove(copy / "model.paddle.pdiparams")
@@ -210,11 +249,29 @@ def test_a_missing_runtime_names_the_extra_to_install(exported, tmp_path):
     blocked = tmp_path / "blocked"
     for name in ("onnxruntime", "paddle2onnx"):
         (blocked / name).mkdir(parents=True)
-        (blocked / name / "__init__.py").write_text(f"raise ImportError({f'No module named {name}'!r}, name={name!r})\n")
+        (blocked / name / "__init__.py").write_text(
+            f"raise ImportError({f'No module named {name}'!r}, name={name!r})\n"
+        )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(blocked), os.environ.get("PYTHONPATH", "")])}
-    run = lambda *args: subprocess.run([sys.executable, "-m", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)  # noqa: E731
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+        )
+
     export = run("unitrain.export", str(run_dir), "--format", "onnx", "--out", str(tmp_path / "x"))
     assert export.returncode == 2 and "pip install 'unitrain[export]'" in one_line(export.stderr)
     assert not (tmp_path / "x" / "export.json").exists()
-    infer = run("unitrain.infer", str(directory / "model.torch.onnx"), "--batch", "1", "--min-iters", "1", "--min-time", "0", "--out", str(tmp_path / "o"))
+    infer = run(
+        "unitrain.infer",
+        str(directory / "model.torch.onnx"),
+        "--batch",
+        "1",
+        "--min-iters",
+        "1",
+        "--min-time",
+        "0",
+        "--out",
+        str(tmp_path / "o"),
+    )
     assert infer.returncode == 1 and "pip install 'unitrain[export]'" in one_line(infer.stderr)

@@ -34,7 +34,11 @@ def backend_modules(backend: str) -> set:
 
 def protocol_of(name: str) -> type:
     interface = importlib.import_module(f"unitrain.interface.{name}")
-    found = [c for c in vars(interface).values() if inspect.isclass(c) and c.__module__ == interface.__name__ and c.__name__.endswith("Module")]
+    found = [
+        c
+        for c in vars(interface).values()
+        if inspect.isclass(c) and c.__module__ == interface.__name__ and c.__name__.endswith("Module")
+    ]
     assert len(found) == 1, f"unitrain/interface/{name}.py should define one Protocol named *Module, found {found}"
     return found[0]
 
@@ -74,7 +78,9 @@ def test_each_backend_module_provides_its_protocol_and_nothing_else_in_public(na
         for member, expected in wanted.items():
             value = getattr(module, member)
             if inspect.isfunction(expected):
-                assert shape(inspect.signature(value), False) == shape(inspect.signature(expected), True), f"{backend}/{name}.py: {member}"
+                assert shape(inspect.signature(value), False) == shape(inspect.signature(expected), True), (
+                    f"{backend}/{name}.py: {member}"
+                )
             elif typing.get_origin(expected) is type:
                 assert issubclass(value, typing.get_args(expected)[0]), f"{backend}/{name}.py: {member}"
             else:
@@ -129,10 +135,16 @@ def import_graph() -> dict:
             elif isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                    base = ".".join(
+                        package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                    )
                 targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in names else base for a in node.names}
         # Package __init__ modules re-export; only module-to-module edges can close a circle.
-        graph[name] = {t for t in targets if t in names and t != name and not (CORE.parent / t.replace(".", "/") / "__init__.py").exists()}
+        graph[name] = {
+            t
+            for t in targets
+            if t in names and t != name and not (CORE.parent / t.replace(".", "/") / "__init__.py").exists()
+        }
     return graph
 
 

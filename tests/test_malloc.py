@@ -32,7 +32,9 @@ LEAST_FAULTS = (64 << 20) // (2 << 20)
 def test_fixed_thresholds_reuse_a_freed_buffer_and_dynamic_ones_fault_it_in_again():
     runs = {}
     for mode in ("fixed", "dynamic"):
-        out = subprocess.run([sys.executable, "-c", FAULTS_OF_A_REUSED_BUFFER, mode], capture_output=True, text=True, check=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-c", FAULTS_OF_A_REUSED_BUFFER, mode], capture_output=True, text=True, check=True
+        ).stdout
         runs[mode] = json.loads(out)
     assert runs["fixed"]["info"]["applied"] is True and runs["dynamic"]["info"] == {"mode": "dynamic", "applied": False}
     assert max(runs["fixed"]["faults"]) < LEAST_FAULTS <= min(runs["dynamic"]["faults"]), runs

@@ -11,7 +11,9 @@ import pytest
 
 
 def maxbatch(*args: str, cwd=None):
-    return subprocess.run([sys.executable, "-m", "unitrain.maxbatch", *args], capture_output=True, text=True, timeout=600, cwd=cwd)
+    return subprocess.run(
+        [sys.executable, "-m", "unitrain.maxbatch", *args], capture_output=True, text=True, timeout=600, cwd=cwd
+    )
 
 
 @pytest.mark.slow
@@ -19,8 +21,23 @@ def test_the_search_ends_between_a_batch_that_fits_and_the_next_that_does_not(tm
     # The tiny model on 64x64 images: a torch process peaks at about 0.4 GB at batch 256 and
     # each further sample adds about 0.3 MB, so an 800 MiB limit is reached between 1024 and 2048.
     out = tmp_path / "search"
-    proc = maxbatch("--memory-limit", "800MiB", "--start", "256", "--max", "8192", "--resolution", "64", "--out", str(out),
-                    "backend=torch", "model=tiny", "data.image_size=64", "trainer.threads=2", cwd=tmp_path)  # fmt: skip
+    proc = maxbatch(
+        "--memory-limit",
+        "800MiB",
+        "--start",
+        "256",
+        "--max",
+        "8192",
+        "--resolution",
+        "64",
+        "--out",
+        str(out),
+        "backend=torch",
+        "model=tiny",
+        "data.image_size=64",
+        "trainer.threads=2",
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads((out / "maxbatch.json").read_text())
     best, trials = result["max_batch_size"], result["trials"]
@@ -36,11 +53,14 @@ def test_the_search_ends_between_a_batch_that_fits_and_the_next_that_does_not(tm
     assert proc.stdout.count("batch ") >= len(trials)  # one progress line per trial
 
 
-@pytest.mark.parametrize("args,message", [
-    (["backend=torch", "backend.device=cpu"], "--memory-limit is required on the CPU"),
-    (["--memory-limit", "lots", "backend=torch"], "--memory-limit='lots' is not allowed"),
-    (["--memory-limit", "1GiB", "trainer.batch_size=8"], "'trainer.batch_size=8' is not allowed"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["backend=torch", "backend.device=cpu"], "--memory-limit is required on the CPU"),
+        (["--memory-limit", "lots", "backend=torch"], "--memory-limit='lots' is not allowed"),
+        (["--memory-limit", "1GiB", "trainer.batch_size=8"], "'trainer.batch_size=8' is not allowed"),
+    ],
+)
 def test_what_cannot_be_searched_is_one_line(args, message, tmp_path):
     proc = maxbatch("--out", str(tmp_path / "out"), *args, cwd=tmp_path)
     assert proc.returncode == 2

@@ -30,7 +30,9 @@ def test_cifar_stem_keeps_full_resolution_into_layer1(backend):
     cifar_shapes = {k: tuple(v.shape) for k, v in b.state_arrays(cifar).items()}
     imagenet_shapes = {k: tuple(v.shape) for k, v in b.state_arrays(imagenet).items()}
     assert cifar_shapes.keys() == imagenet_shapes.keys()
-    assert {k for k in cifar_shapes if cifar_shapes[k] != imagenet_shapes[k]} == {"conv1.weight"} and cifar_shapes["conv1.weight"][2:] == (3, 3)
+    assert {k for k in cifar_shapes if cifar_shapes[k] != imagenet_shapes[k]} == {"conv1.weight"} and cifar_shapes[
+        "conv1.weight"
+    ][2:] == (3, 3)
     assert (_size_into_layer1(b, cifar, 28), _size_into_layer1(b, imagenet, 28)) == (28, 7)
 
 
@@ -77,5 +79,7 @@ def test_forward_gives_logits_per_class(backend):
 
 
 def test_unknown_model_lists_the_available_ones():
-    with pytest.raises(unitrain.UnknownNameError, match="available: resnet18, resnet18_cifar, resnet18_stride2, resnet50, tiny"):
+    with pytest.raises(
+        unitrain.UnknownNameError, match="available: resnet18, resnet18_cifar, resnet18_stride2, resnet50, tiny"
+    ):
         unitrain.get_backend("torch").build_model("vgg16", num_classes=10)

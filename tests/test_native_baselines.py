@@ -73,10 +73,18 @@ def test_paddle_baseline_is_unitrains_network(name, size):
 
         def count(layer, inputs, output):
             weight = layer.weight
-            per_output = weight.shape[1] * weight.shape[2] * weight.shape[3] if isinstance(layer, paddle.nn.Conv2D) else weight.shape[0]
+            per_output = (
+                weight.shape[1] * weight.shape[2] * weight.shape[3]
+                if isinstance(layer, paddle.nn.Conv2D)
+                else weight.shape[0]
+            )
             counted.append(2 * output.size * per_output)
 
-        hooks = [m.register_forward_post_hook(count) for m in model.sublayers() if isinstance(m, (paddle.nn.Conv2D, paddle.nn.Linear))]
+        hooks = [
+            m.register_forward_post_hook(count)
+            for m in model.sublayers()
+            if isinstance(m, (paddle.nn.Conv2D, paddle.nn.Linear))
+        ]
         model(paddle.zeros([2, 3, size, size]))
         for hook in hooks:
             hook.remove()

@@ -95,8 +95,11 @@ def test_weights_for_another_model_are_refused_in_one_line():
 def run_parity(tmp_path, *args):
     return subprocess.run(
         [sys.executable, "-m", "unitrain.parity", *args, "trainer.threads=2", f"hydra.run.dir={tmp_path}"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
 
 
 def test_parity_of_the_tiny_model_within_tolerance(tmp_path):
@@ -117,7 +120,9 @@ def test_parity_of_the_tiny_model_within_tolerance(tmp_path):
 
 def test_parity_beyond_tolerance_exits_non_zero_and_names_the_layer(tmp_path):
     # A tolerance no fp32 computation meets: the command must fail, and point at a layer.
-    proc = run_parity(tmp_path, "model=tiny", "data.image_size=16", "steps=3", "tolerance=1e-15", "activation_tolerance=1e-15")
+    proc = run_parity(
+        tmp_path, "model=tiny", "data.image_size=16", "steps=3", "tolerance=1e-15", "activation_tolerance=1e-15"
+    )
     assert proc.returncode == 1
     report = json.loads((tmp_path / "parity.json").read_text())
     assert not report["passed"] and report["first_batch_activations"]["first_beyond_tolerance"]["layer"]
@@ -129,8 +134,16 @@ def test_recipe_optimizer_features_follow_one_update_rule_on_both(tmp_path):
     each framework's own implementation, one result. (Paddle clips parameter groups separately,
     so unitrain gives it no groups; a norm of 0.5 binds from the first step, where it is about 4.4.)"""
     proc = run_parity(
-        tmp_path, "model=tiny", "data.image_size=16", "steps=6", "tolerance=1e-5", "optim.nesterov=true", "optim.label_smoothing=0.1",
-        "optim.clip_grad_norm=0.5", "optim.decay_norm_and_bias=false", "optim.weight_decay=0.05",
-    )  # fmt: skip
+        tmp_path,
+        "model=tiny",
+        "data.image_size=16",
+        "steps=6",
+        "tolerance=1e-5",
+        "optim.nesterov=true",
+        "optim.label_smoothing=0.1",
+        "optim.clip_grad_norm=0.5",
+        "optim.decay_norm_and_bias=false",
+        "optim.weight_decay=0.05",
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert json.loads((tmp_path / "parity.json").read_text())["max_rel_loss_diff"] <= 1e-5

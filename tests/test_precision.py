@@ -18,7 +18,9 @@ torch_backend = unitrain.get_backend("torch")
 
 def dtypes_of(model: nn.Module, x: torch.Tensor, precision) -> dict:
     seen = {}
-    hooks = [m.register_forward_hook(lambda m, i, o, n=n: seen.__setitem__(n, o.dtype)) for n, m in model.named_children()]
+    hooks = [
+        m.register_forward_hook(lambda m, i, o, n=n: seen.__setitem__(n, o.dtype)) for n, m in model.named_children()
+    ]
     with precision.autocast():
         out = model(precision.convert_input(x))
         loss = torch_backend.loss(out, torch.zeros(x.shape[0], dtype=torch.long))
@@ -28,7 +30,9 @@ def dtypes_of(model: nn.Module, x: torch.Tensor, precision) -> dict:
 
 
 def small_net() -> nn.Sequential:
-    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5), nn.Softmax(dim=1))
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5), nn.Softmax(dim=1)
+    )
 
 
 def decorated(cfg: AmpConfig, net: nn.Module | None = None, lr: float = 0.1):
@@ -143,7 +147,10 @@ def test_loss_scaler_skips_inf_steps_and_matches_torch_grad_scaler():
 def test_loss_scaling_is_on_for_float16_and_off_for_bfloat16():
     assert decorated(AmpConfig(level="O1", dtype="float16"))[0].metrics()["loss_scale"] == 65536.0
     assert decorated(AmpConfig(level="O1", dtype="bfloat16"))[0].metrics()["loss_scale"] == 1.0
-    assert decorated(AmpConfig(level="O1", dtype="bfloat16", use_dynamic_loss_scaling=True))[0].metrics()["loss_scale"] == 65536.0
+    assert (
+        decorated(AmpConfig(level="O1", dtype="bfloat16", use_dynamic_loss_scaling=True))[0].metrics()["loss_scale"]
+        == 65536.0
+    )
 
 
 def test_decr_every_n_has_no_torch_counterpart():
@@ -165,13 +172,18 @@ def test_paddle_amp_on_cpu_decorates_but_reports_fp32():
     assert all(p.dtype == paddle.float32 for p in model.parameters())
     assert precision.requested == "O2 float16" and precision.effective == "fp32"
     assert "CUDAPlace" in precision.fallback_reason
-    assert precision.describe()["effective"] == "fp32" and precision.metrics() == {"loss_scale": 1.0, "skipped_steps": 0}
+    assert precision.describe()["effective"] == "fp32" and precision.metrics() == {
+        "loss_scale": 1.0,
+        "skipped_steps": 0,
+    }
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("level", ["O0", "O1", "O2", "O3"])
 def test_every_level_trains(backend, level, unitrain_cli):
-    result = unitrain_cli(f"backend={backend}", f"amp={level}", "amp.dtype=bfloat16", *FAST, "trainer.steps=25", "optim.lr=0.05")
+    result = unitrain_cli(
+        f"backend={backend}", f"amp={level}", "amp.dtype=bfloat16", *FAST, "trainer.steps=25", "optim.lr=0.05"
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     records = result.metrics()
     assert all(math.isfinite(r["loss"]) for r in records)
@@ -191,5 +203,9 @@ def test_apex_without_apex_fails_at_start(unitrain_cli):
     result = unitrain_cli("backend=torch", "amp=O1", "amp.impl=apex", *FAST, "trainer.steps=2")
     assert result.returncode == 2
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("unitrain: error: NVIDIA Apex is not installed") and "25.04" in line and "amp.impl=native" in line
+    assert (
+        line.startswith("unitrain: error: NVIDIA Apex is not installed")
+        and "25.04" in line
+        and "amp.impl=native" in line
+    )
     assert not (result.run_dir / "metrics.jsonl").exists()

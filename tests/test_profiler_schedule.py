@@ -6,9 +6,9 @@ import time
 
 import pytest
 
+from unitrain.config.schedule import lr_at
 from unitrain.config.schema import OptimConfig
 from unitrain.train.step_timer import Profiler
-from unitrain.config.schedule import lr_at
 
 
 class SlowLoader:
@@ -48,7 +48,11 @@ def test_schedules():
     step = OptimConfig(lr=1.0, schedule="step", step_size=2, gamma=0.5)
     assert [lr_at(s, 10, step) for s in range(5)] == [1.0, 1.0, 0.5, 0.5, 0.25]
     cosine = OptimConfig(lr=1.0, schedule="cosine")
-    assert lr_at(0, 10, cosine) == 1.0 and lr_at(5, 10, cosine) == pytest.approx(0.5) and lr_at(10, 10, cosine) == pytest.approx(0.0)
+    assert (
+        lr_at(0, 10, cosine) == 1.0
+        and lr_at(5, 10, cosine) == pytest.approx(0.5)
+        and lr_at(10, 10, cosine) == pytest.approx(0.0)
+    )
 
 
 def _cfg(*overrides):
@@ -64,14 +68,18 @@ def _cfg(*overrides):
 def test_batch_plan_linear_scaling_keeps_the_per_device_batch():
     from unitrain.config.schedule import BatchPlan
 
-    plan = BatchPlan.from_config(_cfg("trainer.batch_size=16", "optim.lr=0.1", "trainer.accumulate_steps=2"), world_size=4)
+    plan = BatchPlan.from_config(
+        _cfg("trainer.batch_size=16", "optim.lr=0.1", "trainer.accumulate_steps=2"), world_size=4
+    )
     assert (plan.micro_batch, plan.global_batch, plan.lr) == (16, 128, pytest.approx(0.8))
 
 
 def test_batch_plan_keep_global_splits_the_batch():
     from unitrain.config.schedule import BatchPlan
 
-    plan = BatchPlan.from_config(_cfg("trainer.batch_size=64", "optim.lr=0.1", "optim.lr_scaling=keep_global"), world_size=4)
+    plan = BatchPlan.from_config(
+        _cfg("trainer.batch_size=64", "optim.lr=0.1", "optim.lr_scaling=keep_global"), world_size=4
+    )
     assert (plan.micro_batch, plan.global_batch, plan.lr) == (16, 64, 0.1)
 
 
@@ -80,6 +88,13 @@ def test_keep_global_needs_a_divisible_batch():
     from unitrain.errors import ConfigError
 
     with pytest.raises(ConfigError, match="trainer.batch_size=10 is not allowed: a multiple of 4"):
-        validate(_cfg("trainer.batch_size=10", "optim.lr_scaling=keep_global", "dist.nproc_per_node=2", "trainer.accumulate_steps=2"))
+        validate(
+            _cfg(
+                "trainer.batch_size=10",
+                "optim.lr_scaling=keep_global",
+                "dist.nproc_per_node=2",
+                "trainer.accumulate_steps=2",
+            )
+        )
     with pytest.raises(ConfigError, match="dist.master_port"):
         validate(_cfg("dist.nnodes=2"))

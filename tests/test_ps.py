@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import run_unitrain
 from unitrain.data import criteo
@@ -32,7 +33,10 @@ MIN_AUC = 0.65
 
 def paddle_ps_python() -> str:
     if not PS_PYTHON.exists():
-        pytest.skip(f"no {PS_PYTHON}: the parameter-server environment (paddlepaddle 3.0.0) is built by `make ps-env` (and `make test`)")
+        pytest.skip(
+            f"no {PS_PYTHON}: the parameter-server environment (paddlepaddle 3.0.0) is built by `make ps-env` (and "
+            "`make test`)"
+        )
     return str(PS_PYTHON)
 
 
@@ -41,7 +45,13 @@ def test_category_ids_are_the_same_in_every_process():
     # Python's hash() is salted per process: ids must not depend on it.
     code = "from unitrain.data.criteo import synthetic; print(synthetic(50, 1, 1000).sparse.sum())"
     sums = {
-        subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True, check=True).stdout
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         for seed in ("1", "2")
     }
     assert len(sums) == 1
@@ -66,7 +76,11 @@ def test_criteo_rows_parse_and_bad_rows_get_one_line(tmp_path):
     assert rows.sparse[0, 0] == criteo.hash_value(0, "68fd1e64", 100)
     # Empty values hash too, to one id per slot.
     assert rows.sparse[0, 1] == criteo.hash_value(1, "", 100)
-    for bad, what in ((good + "\textra", "line 2 has 41 fields"), ("2" + good[1:], "line 2 has the label '2'"), ("1\tx" + good[3:], "not an integer")):
+    for bad, what in (
+        (good + "\textra", "line 2 has 41 fields"),
+        ("2" + good[1:], "line 2 has the label '2'"),
+        ("1\tx" + good[3:], "not an integer"),
+    ):
         with pytest.raises(UnitrainError, match=what) as err:
             criteo.parse_lines([good, bad], 100)
         assert "line 2" in str(err.value) and "\n" not in str(err.value)
@@ -86,7 +100,9 @@ def test_auc_is_the_chance_a_positive_outscores_a_negative(pairs):
     if not len(pos) or not len(neg):
         assert np.isnan(criteo.auc(labels, scores))
         return
-    pairwise = ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()) / (len(pos) * len(neg))
+    pairwise = ((pos[:, None] > neg[None, :]).sum() + 0.5 * (pos[:, None] == neg[None, :]).sum()) / (
+        len(pos) * len(neg)
+    )
     assert criteo.auc(labels, scores) == pytest.approx(pairwise)
 
 
@@ -110,20 +126,31 @@ def test_trainer_shards_are_disjoint_and_cover_every_row():
 def test_bad_parameter_server_settings_get_one_line(args, message, tmp_path):
     result = run_unitrain([*SMALL, *args], tmp_path)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"unitrain: error: {message}" + result.stderr.split(message, 1)[1].splitlines()[0]]
+    assert result.stderr.strip().splitlines() == [
+        f"unitrain: error: {message}" + result.stderr.split(message, 1)[1].splitlines()[0]
+    ]
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
 def test_collective_jobs_refuse_the_parameter_server_model(tmp_path):
     result = run_unitrain(["model=wide_deep", "backend=torch"], tmp_path)
-    assert result.returncode == 2 and "trains with dist.mode=ps" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert (
+        result.returncode == 2
+        and "trains with dist.mode=ps" in result.stderr
+        and len(result.stderr.strip().splitlines()) == 1
+    )
 
 
 # --- real jobs ----------------------------------------------------------------------------------
 def _check_job(result, mode: str, servers: int, trainers: int) -> dict:
     assert result.returncode == 0, result.stderr[-3000:]
     summary = result.summary()
-    assert (summary["kind"], summary["mode"], summary["servers"], summary["trainers"]) == ("ps", mode, servers, trainers)
+    assert (summary["kind"], summary["mode"], summary["servers"], summary["trainers"]) == (
+        "ps",
+        mode,
+        servers,
+        trainers,
+    )
     assert summary["eval"]["val_auc"] > MIN_AUC, summary["eval"]
     assert summary["final_loss"] < summary["first_loss"]
     assert len(summary["examples_per_s_per_trainer"]) == trainers and summary["examples_per_s"] > 0
@@ -140,7 +167,12 @@ def _check_job(result, mode: str, servers: int, trainers: int) -> dict:
 @pytest.mark.parametrize("mode", ["local", "sync", "async"])
 def test_torch_job_trains_with_servers_and_without(mode, tmp_path):
     layout = ["dist.ps.servers=0", "dist.ps.trainers=1"] if mode == "local" else [f"dist.ps.sync={mode}"]
-    summary = _check_job(run_unitrain([*SMALL, "backend=torch", *layout], tmp_path), mode, 0 if mode == "local" else 1, 1 if mode == "local" else 2)
+    summary = _check_job(
+        run_unitrain([*SMALL, "backend=torch", *layout], tmp_path),
+        mode,
+        0 if mode == "local" else 1,
+        1 if mode == "local" else 2,
+    )
     if mode == "sync":
         # Read back from the servers: every applied update held both trainers' gradients.
         traffic = summary["observed"]["traffic"]
@@ -155,8 +187,12 @@ def _kill_server_mid_job(args, tmp_path, python=None, victim="server 0", once_tr
     run_dir = tmp_path / "run"
     proc = subprocess.Popen(
         [python or sys.executable, "-m", "unitrain", *args, f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline and proc.poll() is None:
         log = run_dir / "workerlog.0"
@@ -243,7 +279,9 @@ def test_paddle_job_killed_during_start_up_leaves_nothing_running(tmp_path):
     """A trainer that dies before the servers' rendezvous: server 0 then waits in C++ (deaf to
     SIGTERM) with a forked key-value server beside it; both must still go."""
     args = [*SMALL, "backend=paddle"]
-    returncode, stderr, took, alive = _kill_server_mid_job(args, tmp_path, python=paddle_ps_python(), victim="trainer 1", once_training=False)
+    returncode, stderr, took, alive = _kill_server_mid_job(
+        args, tmp_path, python=paddle_ps_python(), victim="trainer 1", once_training=False
+    )
     assert returncode == 1, stderr[-2000:]
     assert "trainer 1 stopped without reporting (killed by a signal?)" in stderr
     assert took < 60 and not alive
@@ -252,19 +290,30 @@ def test_paddle_job_killed_during_start_up_leaves_nothing_running(tmp_path):
 @pytest.mark.slow
 def test_one_sweep_compares_both_frameworks_parameter_servers(tmp_path):
     """From the parameter-server environment (which has torch too): one table, one plot."""
-    result = run_unitrain(["-m", *SMALL, "backend=paddle,torch", "dist.ps.sync=async"], tmp_path, python=paddle_ps_python(), timeout=600)
+    result = run_unitrain(
+        ["-m", *SMALL, "backend=paddle,torch", "dist.ps.sync=async"], tmp_path, python=paddle_ps_python(), timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     report = (tmp_path / "multirun" / "comparison.md").read_text()
     rows = [line for line in report.splitlines() if line.startswith(("| paddle |", "| torch |"))]
     assert [r.split("|")[1].strip() for r in rows] == ["paddle", "torch"] and all("| async |" in r for r in rows)
-    assert (tmp_path / "multirun" / "ps.png").stat().st_size > 0 and "Parameter server" in (tmp_path / "multirun" / "report.html").read_text()
+    assert (tmp_path / "multirun" / "ps.png").stat().st_size > 0 and "Parameter server" in (
+        tmp_path / "multirun" / "report.html"
+    ).read_text()
 
 
 @pytest.mark.slow
 def test_a_criteo_tsv_file_trains_and_holds_out_the_rows_after_the_training_ones(tmp_path):
     path = tmp_path / "train.txt"
     path.write_text("\n".join(criteo.synthetic_lines(3500, seed=5)) + "\n")
-    args = ["experiment=wide_deep_ps", "backend=torch", "data=criteo", f"data.path={path}", "data.num_samples=3000", "data.val_samples=500"]
+    args = [
+        "experiment=wide_deep_ps",
+        "backend=torch",
+        "data=criteo",
+        f"data.path={path}",
+        "data.num_samples=3000",
+        "data.val_samples=500",
+    ]
     result = run_unitrain([*args, "dist.ps.servers=0", "dist.ps.trainers=1"], tmp_path)
     summary = _check_job(result, "local", 0, 1)
     assert summary["rows"] == 3000 and summary["data"] == "criteo"

@@ -32,7 +32,7 @@ TOLERANCE_POINTS = 5.0
 #: oneDNN's int8 convolutions, which both torch.compile (Inductor) and Paddle Inference call,
 #: compute something other than the same program's simulation on this tiny model (8 channels):
 #: Inductor lost 0-24 points, Paddle Inference 4-21, where the simulation lost none; on
-#: ResNet18 both lose nothing (README, Quantization). A known, unexplained gap, bounded here so
+#: ResNet18 both lose nothing (docs/quantization.md). A known, unexplained gap, bounded here so
 #: that a broken lowering (chance is 89 points down) still fails.
 ONEDNN_INT8_TOLERANCE_POINTS = 40.0
 ONEDNN_INT8_RUNTIMES = ("torch.compile (inductor)", "paddle.inference (IR + oneDNN int8)")
@@ -128,8 +128,12 @@ def test_paddle_static_and_qat_run_onednn_int8_kernels(trained, tmp_path):
     args = [str(trained["paddle"]), "method=static,qat", "qat.steps=3", *QUICK]
     sweep = tmp_path / "multirun"
     proc = subprocess.run(
-        [sys.executable, "-m", "unitrain.quantize", "-m", *args, f"hydra.sweep.dir={sweep}"], cwd=tmp_path, capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
+        [sys.executable, "-m", "unitrain.quantize", "-m", *args, f"hydra.sweep.dir={sweep}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=1200,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     for job, method in (("0_own_static", "static"), ("1_own_qat", "qat")):
         table = rows(sweep / job)
@@ -139,7 +143,9 @@ def test_paddle_static_and_qat_run_onednn_int8_kernels(trained, tmp_path):
         # Static PTQ quantizes every conv and the classifier; ImperativeQuantAware leaves a few
         # convs in fp32 (4 of 21 on ResNet18), and the column counts them.
         assert int8["effective"].startswith("int8 kernels") and int8["kernels"]["int8"] > 0
-        assert int8["kernels"]["float"] == 0 if method == "static" else int8["kernels"]["int8"] > int8["kernels"]["float"]
+        assert (
+            int8["kernels"]["float"] == 0 if method == "static" else int8["kernels"]["int8"] > int8["kernels"]["float"]
+        )
         assert int8["size_vs_fp32"] < 0.5  # int8 weights; the tiny model's program is a large part of it
         # The same program without int8 allowed only simulates it.
         assert table[(name, "paddle.inference (IR + oneDNN)")]["effective"] == "simulated (fake-quant, fp32 kernels)"
@@ -148,10 +154,20 @@ def test_paddle_static_and_qat_run_onednn_int8_kernels(trained, tmp_path):
     assert "model.paddle.static.pdmodel" in combined and "model.paddle.qat.pdmodel" in combined
     assert (sweep / "quantize.png").stat().st_size > 0
     # The comparison report carries the same table (the QAT job's fine-tuning is its training row).
-    compare = subprocess.run([sys.executable, "-m", "unitrain.compare", str(sweep)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    compare = subprocess.run(
+        [sys.executable, "-m", "unitrain.compare", str(sweep)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert compare.returncode == 0, compare.stderr[-2000:]
     report = (sweep / "comparison.md").read_text()
-    assert "## Quantization" in report and "model.paddle.qat.pdmodel" in report and "Quantization" in (sweep / "report.html").read_text()
+    assert (
+        "## Quantization" in report
+        and "model.paddle.qat.pdmodel" in report
+        and "Quantization" in (sweep / "report.html").read_text()
+    )
 
 
 @pytest.mark.slow
@@ -193,7 +209,11 @@ def test_missing_source_is_one_line(tmp_path):
     result = run_unitrain(["method=static"], tmp_path, module="unitrain.quantize")
     assert result.returncode == 2 and "source=None is not allowed" in result.stderr.strip().splitlines()[-1]
     nowhere = run_unitrain([str(tmp_path / "no-such-run"), "method=static"], tmp_path, module="unitrain.quantize")
-    assert nowhere.returncode == 2 and "Traceback" not in nowhere.stderr and "no-such-run" in nowhere.stderr.strip().splitlines()[-1]
+    assert (
+        nowhere.returncode == 2
+        and "Traceback" not in nowhere.stderr
+        and "no-such-run" in nowhere.stderr.strip().splitlines()[-1]
+    )
 
 
 def test_missing_torchao_names_the_extra_before_any_work(trained, tmp_path):
@@ -204,7 +224,11 @@ def test_missing_torchao_names_the_extra_before_any_work(trained, tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "unitrain.quantize", str(trained["torch"]), "method=static", f"hydra.run.dir={out}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "pip install 'unitrain[quantize]'" in proc.stderr.strip().splitlines()[-1]
     assert not (out / "fp32").exists()

@@ -29,8 +29,16 @@ def test_timer_summary_adds_up_to_the_loop_time(backend, unitrain_cli):
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_slow_data_shows_in_reader_cost_and_loader_workers_hide_it(backend, tmp_path):
-    common = [f"backend={backend}", "model=resnet18", "data=synthetic", "data.image_size=32", "trainer.threads=2",
-              "trainer.progress=false", "trainer.steps=12", "profiler.warmup_steps=3"]  # fmt: skip
+    common = [
+        f"backend={backend}",
+        "model=resnet18",
+        "data=synthetic",
+        "data.image_size=32",
+        "trainer.threads=2",
+        "trainer.progress=false",
+        "trainer.steps=12",
+        "profiler.warmup_steps=3",
+    ]
     fast = run_unitrain(common, tmp_path / "fast")
     assert fast.returncode == 0, fast.stderr[-2000:]
     # Making a batch takes 3 compute steps: slow enough to show even behind Paddle's
@@ -52,7 +60,9 @@ def test_slow_data_shows_in_reader_cost_and_loader_workers_hide_it(backend, tmp_
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_trace_mode_writes_a_chrome_trace_and_an_operator_table(backend, unitrain_cli):
-    result = unitrain_cli(f"backend={backend}", *FAST, "trainer.steps=6", "profiler.mode=trace", "profiler.start=2", "profiler.steps=2")
+    result = unitrain_cli(
+        f"backend={backend}", *FAST, "trainer.steps=6", "profiler.mode=trace", "profiler.start=2", "profiler.steps=2"
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     trace = json.loads((result.run_dir / "trace.rank0.json").read_text())
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
@@ -73,7 +83,9 @@ def test_trace_window_beyond_the_run_is_said(unitrain_cli):
 
 @pytest.mark.slow
 def test_multirun_report_has_table_plots_and_html(tmp_path):
-    result = run_unitrain(["-m", "backend=paddle,torch", "amp=O0,O1", "amp.dtype=bfloat16", *FAST, "trainer.steps=6"], tmp_path)
+    result = run_unitrain(
+        ["-m", "backend=paddle,torch", "amp=O0,O1", "amp.dtype=bfloat16", *FAST, "trainer.steps=6"], tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     sweep = tmp_path / "multirun"
     table = (sweep / "comparison.md").read_text()
@@ -93,9 +105,21 @@ def test_unfair_comparison_is_flagged(tmp_path):
     two = run_unitrain(["backend=paddle", *FAST, "trainer.steps=4", "trainer.threads=2"], tmp_path / "b")
     assert one.returncode == 0 and two.returncode == 0
     proc = subprocess.run(
-        [sys.executable, "-m", "unitrain.compare", str(one.run_dir), str(two.run_dir), "--out", str(tmp_path / "cmp"), "--target-loss", "50"],
-        capture_output=True, text=True, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "unitrain.compare",
+            str(one.run_dir),
+            str(two.run_dir),
+            "--out",
+            str(tmp_path / "cmp"),
+            "--target-loss",
+            "50",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "WARNING: runs differ in trainer.threads (1 vs 2): the comparison would not be fair" in proc.stdout
     assert "Not a fair comparison" in (tmp_path / "cmp" / "report.html").read_text()
@@ -116,7 +140,10 @@ def test_swept_threads_are_not_unfair_and_repeats_make_one_row(tmp_path):
 def test_compare_rejects_a_directory_without_runs(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "unitrain.compare", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 2
-    assert proc.stderr.strip() == f"unitrain.compare: error: no summary.json in {tmp_path} or below it: not a unitrain run or multirun directory"
+    assert (
+        proc.stderr.strip() == f"unitrain.compare: error: no summary.json in {tmp_path} or below it: "
+        "not a unitrain run or multirun directory"
+    )
 
 
 @pytest.mark.slow
@@ -127,7 +154,10 @@ def test_tensorboard_events_and_missing_visualdl(unitrain_cli, tmp_path):
     assert events.stat().st_size > 100
     missing = run_unitrain(["backend=torch", *FAST, "trainer.steps=3", "trainer.loggers=[visualdl]"], tmp_path / "vdl")
     assert missing.returncode == 2
-    assert missing.stderr.strip().splitlines()[-1] == "unitrain: error: trainer.loggers=[visualdl] needs VisualDL: pip install 'unitrain[visualdl]'"
+    assert (
+        missing.stderr.strip().splitlines()[-1]
+        == "unitrain: error: trainer.loggers=[visualdl] needs VisualDL: pip install 'unitrain[visualdl]'"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +167,15 @@ def two_runs(tmp_path_factory):
     runs = []
     for backend in BACKENDS:
         result = run_unitrain(
-            [f"backend={backend}", *FAST, "model.init=shared", "trainer.steps=9", "trainer.eval_every=3", "data.val_samples=64"], root / backend
+            [
+                f"backend={backend}",
+                *FAST,
+                "model.init=shared",
+                "trainer.steps=9",
+                "trainer.eval_every=3",
+                "data.val_samples=64",
+            ],
+            root / backend,
         )
         assert result.returncode == 0, result.stderr[-2000:]
         runs.append(result.run_dir)
@@ -145,7 +183,9 @@ def two_runs(tmp_path_factory):
 
 
 def compare(*args):
-    return subprocess.run([sys.executable, "-m", "unitrain.compare", *map(str, args)], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "unitrain.compare", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.parametrize("damage", ["bad json", "empty", "missing keys", "zero steps"])
@@ -170,20 +210,29 @@ def test_a_garbled_run_is_skipped_with_one_warning_and_the_rest_reported(damage,
     assert len(warnings) == 1 and f"skipping {summary}" in warnings[0], proc.stderr
     assert "| paddle |" in proc.stdout and "| torch |" not in proc.stdout
     only_broken = compare(broken)
-    assert only_broken.returncode == 2 and "no usable run" in only_broken.stderr and "Traceback" not in only_broken.stderr
+    assert (
+        only_broken.returncode == 2 and "no usable run" in only_broken.stderr and "Traceback" not in only_broken.stderr
+    )
 
 
 def test_held_out_columns_time_to_accuracy_and_curves(two_runs, tmp_path):
-    evals = [json.loads(line) for line in (two_runs[0] / "metrics.jsonl").read_text().splitlines() if "val_top1" in line]
+    evals = [
+        json.loads(line) for line in (two_runs[0] / "metrics.jsonl").read_text().splitlines() if "val_top1" in line
+    ]
     target = min(e["val_top1"] for e in evals[1:]) if len(evals) > 1 else evals[0]["val_top1"]
     proc = compare(*two_runs, "--out", tmp_path, "--target-accuracy", str(target))
     assert proc.returncode == 0, proc.stderr
     assert "held-out top-1" in proc.stdout and f"time to top-1 {target:g}" in proc.stdout
     first = next(e for e in evals if e["val_top1"] >= target)
     assert f"{first['elapsed_s']:.1f} s, step {first['step']}" in proc.stdout
-    assert "not reached" in compare(*two_runs, "--out", tmp_path / "b", "--target-accuracy", "1.0").stdout or target == 1.0
+    assert (
+        "not reached" in compare(*two_runs, "--out", tmp_path / "b", "--target-accuracy", "1.0").stdout or target == 1.0
+    )
     assert (tmp_path / "held_out.png").read_bytes().startswith(PNG)
-    assert "mean of the last 10 training steps" in proc.stdout and "mean of the last 10" in (tmp_path / "report.html").read_text()
+    assert (
+        "mean of the last 10 training steps" in proc.stdout
+        and "mean of the last 10" in (tmp_path / "report.html").read_text()
+    )
 
 
 def test_single_run_table_explains_final_loss(unitrain_cli):

@@ -35,9 +35,15 @@ def start_unitrain(args: List[str], tmp_path: Path) -> subprocess.Popen:
     # A session of its own, as a shell gives each job a process group: Ctrl-C and a closed
     # terminal signal the whole group, as killpg does here.
     return subprocess.Popen(
-        [sys.executable, "-m", "unitrain", *args], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True, preexec_fn=as_a_terminal_job,
-    )  # fmt: skip
+        [sys.executable, "-m", "unitrain", *args],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        start_new_session=True,
+        preexec_fn=as_a_terminal_job,
+    )
 
 
 def wait_until_training(proc: subprocess.Popen, metrics: Path, workers: int) -> None:
@@ -71,7 +77,14 @@ def end_all(proc: subprocess.Popen, pids: Set[int]) -> None:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT, signal.SIGKILL], ids=lambda s: s.name)
 def test_signal_to_the_main_process_leaves_no_process_behind(backend, sig, tmp_path):
     run_dir = tmp_path / "run"
-    args = [f"backend={backend}", *FAST, "trainer.threads=1", "dist.nproc_per_node=2", "trainer.steps=100000", f"hydra.run.dir={run_dir}"]
+    args = [
+        f"backend={backend}",
+        *FAST,
+        "trainer.threads=1",
+        "dist.nproc_per_node=2",
+        "trainer.steps=100000",
+        f"hydra.run.dir={run_dir}",
+    ]
     proc = start_unitrain(args, tmp_path)
     tree: Set[int] = set()
     try:
@@ -102,7 +115,10 @@ def test_ctrl_c_in_a_sweep_is_one_line(backend, tmp_path):
     # A sweep job trains in a child of the main process, in the terminal's process group: it
     # gets the Ctrl-C too, and must not print a traceback of its own.
     sweep = tmp_path / "multirun"
-    proc = start_unitrain(["-m", f"backend={backend}", *FAST, "trainer.threads=1", "trainer.steps=100000", f"hydra.sweep.dir={sweep}"], tmp_path)
+    proc = start_unitrain(
+        ["-m", f"backend={backend}", *FAST, "trainer.threads=1", "trainer.steps=100000", f"hydra.sweep.dir={sweep}"],
+        tmp_path,
+    )
     tree: Set[int] = set()
     try:
         wait_until_training(proc, sweep / f"0_{backend}_O0" / "metrics.jsonl", workers=1)
@@ -121,7 +137,15 @@ def test_a_node_that_never_comes_times_out_in_one_line(backend, node_rank, tmp_p
     from unitrain.host.ports import free_port
 
     port = free_port()
-    args = [f"backend={backend}", *FAST, "trainer.threads=1", "dist.nnodes=2", f"dist.node_rank={node_rank}", f"dist.master_port={port}", "dist.timeout_s=5"]
+    args = [
+        f"backend={backend}",
+        *FAST,
+        "trainer.threads=1",
+        "dist.nnodes=2",
+        f"dist.node_rank={node_rank}",
+        f"dist.master_port={port}",
+        "dist.timeout_s=5",
+    ]
     started = time.monotonic()
     proc = start_unitrain([*args, f"hydra.run.dir={tmp_path / 'run'}"], tmp_path)
     tree: Set[int] = set()
@@ -148,10 +172,23 @@ def test_a_node_that_never_comes_times_out_in_one_line(backend, node_rank, tmp_p
 
 def run_with_port(backend: str, port: int, tmp_path: Path) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "unitrain", f"backend={backend}", *FAST, "trainer.steps=2", "trainer.threads=1", "dist.nproc_per_node=2",
-         f"dist.master_port={port}", f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "unitrain",
+            f"backend={backend}",
+            *FAST,
+            "trainer.steps=2",
+            "trainer.threads=1",
+            "dist.nproc_per_node=2",
+            f"dist.master_port={port}",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -163,7 +200,10 @@ def test_a_busy_master_port_is_one_line(backend, tmp_path):
         proc = run_with_port(backend, port, tmp_path)
     assert proc.returncode == 2
     line = one_error_line(proc.stderr)
-    assert f"dist.master_port={port} is not allowed: it is in use" in line and "pick a free port, or leave it unset" in line
+    assert (
+        f"dist.master_port={port} is not allowed: it is in use" in line
+        and "pick a free port, or leave it unset" in line
+    )
     assert not (tmp_path / "run" / "launcher.log").exists()  # refused before the launcher started
 
 
@@ -175,10 +215,23 @@ def test_a_master_port_taken_after_the_check_is_one_line(backend, tmp_path):
 
     port, run_dir = free_port(), tmp_path / "run"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "unitrain", f"backend={backend}", *FAST, "trainer.steps=2", "trainer.threads=1", "dist.nproc_per_node=2",
-         f"dist.master_port={port}", f"hydra.run.dir={run_dir}"],
-        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "unitrain",
+            f"backend={backend}",
+            *FAST,
+            "trainer.steps=2",
+            "trainer.threads=1",
+            "dist.nproc_per_node=2",
+            f"dist.master_port={port}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     tree: Set[int] = set()
     try:
         # Written after the check, before the launcher starts (which takes seconds to import).

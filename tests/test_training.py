@@ -21,7 +21,9 @@ def test_tiny_model_learns_on_learnable_data(backend, unitrain_cli):
     assert sum(r["top1"] for r in records[-5:]) / 5 > 0.5
 
     summary = result.summary()
-    assert summary["backend"] == backend and summary["framework"] == {"paddle": "paddlepaddle", "torch": "torch"}[backend]
+    assert (
+        summary["backend"] == backend and summary["framework"] == {"paddle": "paddlepaddle", "torch": "torch"}[backend]
+    )
     assert summary["steps"] == 30 and summary["model"] == "tiny" and summary["device"] == "cpu"
     assert summary["precision"]["requested"] == "O0 float32" and summary["precision"]["effective"] == "fp32"
     assert summary["threads"] == 2
@@ -57,9 +59,15 @@ def test_epochs_and_imagefolder(unitrain_cli, tmp_path):
 
     _write_images(tmp_path / "images", ["a", "b"], 5)
     result = unitrain_cli(
-        "backend=torch", *FAST, "data=imagefolder", f"data.path={tmp_path / 'images'}", "data.image_size=16",
-        "trainer.batch_size=4", "trainer.steps=null", "trainer.epochs=2",
-    )  # fmt: skip
+        "backend=torch",
+        *FAST,
+        "data=imagefolder",
+        f"data.path={tmp_path / 'images'}",
+        "data.image_size=16",
+        "trainer.batch_size=4",
+        "trainer.steps=null",
+        "trainer.epochs=2",
+    )
     assert result.returncode == 0, result.stderr
     records = result.metrics()
     # 10 images, batch 4, drop_last: 2 batches per epoch.

@@ -25,9 +25,14 @@ def test_wheel_in_fresh_venv_runs_outside_source_tree(tmp_path):
     source = tmp_path / "source"
     top_level_outputs = {".venv", "build", "dist", "runs", "multirun", ".git"}  # conf/dist is a config group
     shutil.copytree(
-        REPO, source,
-        ignore=lambda d, names: [n for n in names if (Path(d) == REPO and n in top_level_outputs) or n == "__pycache__" or n.endswith(".egg-info")],
-    )  # fmt: skip
+        REPO,
+        source,
+        ignore=lambda d, names: [
+            n
+            for n in names
+            if (Path(d) == REPO and n in top_level_outputs) or n == "__pycache__" or n.endswith(".egg-info")
+        ],
+    )
     # -v shows setuptools' own output: what it deprecates today stops building later (the
     # license table form on 2027-02-18), and a folder it "would ignore" would drop configs.
     built = sh(sys.executable, "-m", "pip", "wheel", "-v", "--no-deps", "-w", tmp_path / "dist", source, cwd=tmp_path)
@@ -49,13 +54,24 @@ def test_wheel_in_fresh_venv_runs_outside_source_tree(tmp_path):
 
     work = tmp_path / "elsewhere"
     work.mkdir()
-    where = sh(python, "-c", "import unitrain, unitrain.backends.torch as b; print(unitrain.__file__, b.__file__)", cwd=work)
+    where = sh(
+        python, "-c", "import unitrain, unitrain.backends.torch as b; print(unitrain.__file__, b.__file__)", cwd=work
+    )
     assert str(venv) in where.stdout and str(REPO) not in where.stdout, where.stdout + where.stderr
 
     run = sh(
-        python, "-m", "unitrain", "backend=torch", "model=tiny", "data.image_size=16", "trainer.steps=3",
-        "trainer.threads=2", "trainer.progress=false", "hydra.run.dir=out", cwd=work,
-    )  # fmt: skip
+        python,
+        "-m",
+        "unitrain",
+        "backend=torch",
+        "model=tiny",
+        "data.image_size=16",
+        "trainer.steps=3",
+        "trainer.threads=2",
+        "trainer.progress=false",
+        "hydra.run.dir=out",
+        cwd=work,
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     summary = json.loads((work / "out" / "summary.json").read_text())
     assert summary["backend"] == "torch" and summary["steps"] == 3

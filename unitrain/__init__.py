@@ -3,15 +3,15 @@
 This package imports no framework: ``get_backend(name)`` imports one when asked.
 """
 
-from unitrain.interface.backend import Backend, get_backend
-from unitrain.interface.modules import available_backends
 from unitrain.config.schema import AmpConfig, DataConfig, DistConfig, ModelConfig, OptimConfig, TrainerConfig
 from unitrain.data.datasets import ImageFolderDataset, LearnableDataset, SyntheticDataset
-from unitrain.interface.distributed import DistributedContext
+from unitrain.data.sampler import DistributedBatchSampler
 from unitrain.errors import BackendUnavailableError, ConfigError, UnitrainError, UnknownNameError
+from unitrain.interface.backend import Backend, get_backend
+from unitrain.interface.distributed import DistributedContext
+from unitrain.interface.modules import available_backends
 from unitrain.interface.precision import MixedPrecision
 from unitrain.train.step_timer import Profiler
-from unitrain.data.sampler import DistributedBatchSampler
 
 __version__ = "0.1.0"
 

@@ -11,12 +11,12 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from unitrain.launch.hydra import hydra_entry
-from unitrain.report.training import table, write_report
 from unitrain.config.schema import register_configs
 from unitrain.config.validation import validate
 from unitrain.errors import NothingLeftToRun, Stopped, UnitrainError
+from unitrain.launch.hydra import hydra_entry
 from unitrain.launch.supervise import launch, launch_ps, run_isolated
+from unitrain.report.training import table, write_report
 from unitrain.train.trainer import train
 
 register_configs()
@@ -55,8 +55,15 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         print(f"unitrain: error: {err}", file=sys.stderr, flush=True)
         sys.exit(getattr(err, "exit_code", 2))
     except MemoryError:
-        size = f"data.image_size={cfg.data.image_size}, trainer.batch_size={cfg.trainer.batch_size}, model={cfg.model.name}"
-        print(f"unitrain: error: out of memory ({size}); allowed: a smaller image size, batch or model", file=sys.stderr, flush=True)
+        size = (
+            f"data.image_size={cfg.data.image_size}, trainer.batch_size={cfg.trainer.batch_size}, "
+            f"model={cfg.model.name}"
+        )
+        print(
+            f"unitrain: error: out of memory ({size}); allowed: a smaller image size, batch or model",
+            file=sys.stderr,
+            flush=True,
+        )
         sys.exit(2)
     if summary is None:
         print(f"node {cfg.dist.node_rank} finished; node 0 holds the summary", flush=True)
@@ -78,5 +85,3 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 def main() -> None:
     hydra_entry("unitrain", _hydra_main)
-
-

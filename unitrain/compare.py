@@ -22,11 +22,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--baseline", type=int, default=0, help="row that ratios refer to (default 0)")
     parser.add_argument("--target-loss", type=float, help="also report the time each run took to reach this loss")
     parser.add_argument(
-        "--target-accuracy", type=float, help="also report the wall time (training + evaluation) and steps until held-out top-1 first reached this"
+        "--target-accuracy",
+        type=float,
+        help="also report the wall time (training + evaluation) and steps until held-out top-1 first reached this",
     )
     args = parser.parse_args(argv)
     if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
-        print(f"unitrain.compare: error: --target-accuracy={args.target_accuracy} is not allowed: a fraction in (0, 1]", file=sys.stderr)
+        print(
+            f"unitrain.compare: error: --target-accuracy={args.target_accuracy} is not allowed: a fraction in (0, 1]",
+            file=sys.stderr,
+        )
         return 2
     try:
         text = write_report(args.dirs, args.out, args.baseline, args.target_loss, args.target_accuracy)

@@ -21,11 +21,15 @@ from unitrain.train.checkpoint import find_checkpoint, read_meta, read_model_arr
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m unitrain.convert", description="Turn a unitrain checkpoint into a framework's native weights file."
+        prog="python -m unitrain.convert",
+        description="Turn a unitrain checkpoint into a framework's native weights file.",
     )
     parser.add_argument(
         "checkpoint",
-        help="a checkpoint directory, a run directory (its latest checkpoint), or latest (the newest under ./runs and ./multirun)",
+        help=(
+            "a checkpoint directory, a run directory (its latest checkpoint), or latest (the newest under ./runs and "
+            "./multirun)"
+        ),
     )
     parser.add_argument("--to", required=True, choices=available_backends(), help="the framework whose format to write")
     parser.add_argument("--out", help="output file (default: <checkpoint>/model.<framework>.pt|pdparams)")
@@ -37,7 +41,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(args.out) if args.out else path / f"model.{args.to}{target.NATIVE_SUFFIX}"
         if out.is_dir() or not out.parent.is_dir():
             why = "is a directory" if out.is_dir() else f"its directory {out.parent} does not exist"
-            raise UnitrainError(f"--out={str(out)!r} is not allowed: {why}; allowed: a file path in an existing directory")
+            raise UnitrainError(
+                f"--out={str(out)!r} is not allowed: {why}; allowed: a file path in an existing directory"
+            )
         arrays = convert(read_model_arrays(path), meta["framework"], args.to)
         get_backend(args.to)  # imports the framework the way unitrain does (and fails clearly if it is missing)
         target.save_native(arrays, out)

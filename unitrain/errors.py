@@ -42,4 +42,3 @@ class UnknownNameError(UnitrainError, KeyError):
 
 class BackendUnavailableError(UnitrainError, ImportError):
     """The backend exists but its framework is not installed."""
-

@@ -32,7 +32,6 @@ def _csv(value: str, allowed: Sequence[str], key: str) -> List[str]:
     return list(dict.fromkeys(items))
 
 
-
 def _batches(value: Optional[str]) -> List[Optional[int]]:
     if not value:
         return [None]
@@ -41,19 +40,33 @@ def _batches(value: Optional[str]) -> List[Optional[int]]:
     except ValueError:
         sizes = [0]
     if any(s < 1 for s in sizes):
-        raise UnitrainError(f"--batch={value!r} is not allowed: positive integers, comma-separated (leave it out for any batch size)")
+        raise UnitrainError(
+            f"--batch={value!r} is not allowed: positive integers, comma-separated (leave it out for any batch size)"
+        )
     return list(dict.fromkeys(sizes))
-
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m unitrain.export", description=__doc__.split("\n\n")[0].strip("`"))
-    parser.add_argument("checkpoint", help="a run directory (its latest checkpoint), a checkpoint directory, or latest (the newest under ./runs and ./multirun)")
+    parser.add_argument(
+        "checkpoint",
+        help=(
+            "a run directory (its latest checkpoint), a checkpoint directory, or latest (the newest under ./runs and "
+            "./multirun)"
+        ),
+    )
     parser.add_argument("--format", default="native", help="native, onnx, or both comma-separated (default: native)")
-    parser.add_argument("--to", help="framework(s) to export for: torch, paddle, or both (default: the checkpoint's own)")
+    parser.add_argument(
+        "--to", help="framework(s) to export for: torch, paddle, or both (default: the checkpoint's own)"
+    )
     parser.add_argument("--batch", help="fixed batch size(s), comma-separated (default: any batch size)")
     parser.add_argument("--out", help="export directory (default: <run dir>/export)")
-    parser.add_argument("--tolerance", type=float, default=TOLERANCE, help=f"largest allowed |logit difference| relative to the largest |logit| (default {TOLERANCE:g})")
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=TOLERANCE,
+        help=f"largest allowed |logit difference| relative to the largest |logit| (default {TOLERANCE:g})",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     # Paddle's C++ log (read when paddle is first imported) warns at every jit.save about a PIR
@@ -75,7 +88,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-
 if __name__ == "__main__":
     sys.exit(main())
-

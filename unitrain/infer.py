@@ -18,7 +18,7 @@ from typing import List, Sequence
 
 import numpy as np
 
-from unitrain.deploy.infer import RESULT, benchmark, worker
+from unitrain.deploy.infer import RESULT, Timing, benchmark, worker
 from unitrain.errors import UnitrainError
 from unitrain.report.inference import markdown
 
@@ -33,31 +33,70 @@ def _ints(value: str, key: str) -> List[int]:
     return items
 
 
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m unitrain.infer",
+        description="Time exported models in every runtime that reads them, side by side.",
+    )
+    parser.add_argument(
+        "inputs", nargs="+", help="export directories, run directories (their export/), or exported model files"
+    )
+    parser.add_argument(
+        "--batch",
+        default="1,32",
+        help="batch sizes, comma-separated: latency at the smallest, throughput at the largest (default 1,32)",
+    )
+    cores = len(os.sched_getaffinity(0))
+    parser.add_argument(
+        "--threads", type=int, default=cores, help="threads for every runtime (default: the CPUs this process may use)"
+    )
+    parser.add_argument(
+        "--eval-samples", type=int, default=0, help="held-out samples for the accuracy column (default 0: all)"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=int,
+        default=5,
+        help="untimed runs per batch size first (default 5; torch.compile compiles in them)",
+    )
+    parser.add_argument("--min-iters", type=int, default=20, help="timed runs at least (default 20)")
+    parser.add_argument(
+        "--min-time", type=float, default=2.0, help="and at least this many seconds of timed runs (default 2)"
+    )
+    parser.add_argument(
+        "--out",
+        help="output directory (default: <run dir>/inference/<time> for one run's models, else ./inference/<time>)",
+    )
+    return parser
+
+
+def _timing(args: argparse.Namespace) -> Timing:
+    """The options as a Timing, or one line naming the first that is not allowed."""
+    batches = _ints(args.batch, "--batch")
+    cores = len(os.sched_getaffinity(0))
+    if not 1 <= args.threads <= cores:
+        raise UnitrainError(f"--threads={args.threads} is not allowed: 1 to {cores} (the CPUs this process may use)")
+    for key, value in (("--eval-samples", args.eval_samples), ("--warmup", args.warmup), ("--min-time", args.min_time)):
+        if not (value >= 0 and np.isfinite(value)):
+            raise UnitrainError(f"{key}={value} is not allowed: a number >= 0")
+    if args.min_iters < 1:
+        raise UnitrainError(f"--min-iters={args.min_iters} is not allowed: an integer >= 1")
+    return Timing(
+        batches=batches,
+        threads=args.threads,
+        eval_samples=args.eval_samples,
+        warmup=args.warmup,
+        min_iters=args.min_iters,
+        min_time_s=args.min_time,
+    )
+
 
 def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--worker":
         return worker(sys.argv[2])
-    parser = argparse.ArgumentParser(prog="python -m unitrain.infer", description="Time exported models in every runtime that reads them, side by side.")
-    parser.add_argument("inputs", nargs="+", help="export directories, run directories (their export/), or exported model files")
-    parser.add_argument("--batch", default="1,32", help="batch sizes, comma-separated: latency at the smallest, throughput at the largest (default 1,32)")
-    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)), help="threads for every runtime (default: the CPUs this process may use)")
-    parser.add_argument("--eval-samples", type=int, default=0, help="held-out samples for the accuracy column (default 0: all)")
-    parser.add_argument("--warmup", type=int, default=5, help="untimed runs per batch size first (default 5; torch.compile compiles in them)")
-    parser.add_argument("--min-iters", type=int, default=20, help="timed runs at least (default 20)")
-    parser.add_argument("--min-time", type=float, default=2.0, help="and at least this many seconds of timed runs (default 2)")
-    parser.add_argument("--out", help="output directory (default: <run dir>/inference/<time> for one run's models, else ./inference/<time>)")
-    args = parser.parse_args(argv)
+    args = _parser().parse_args(argv)
     try:
-        batches = _ints(args.batch, "--batch")
-        cores = len(os.sched_getaffinity(0))
-        if not 1 <= args.threads <= cores:
-            raise UnitrainError(f"--threads={args.threads} is not allowed: 1 to {cores} (the CPUs this process may use)")
-        for key, value in (("--eval-samples", args.eval_samples), ("--warmup", args.warmup), ("--min-time", args.min_time)):
-            if not (value >= 0 and np.isfinite(value)):
-                raise UnitrainError(f"{key}={value} is not allowed: a number >= 0")
-        if args.min_iters < 1:
-            raise UnitrainError(f"--min-iters={args.min_iters} is not allowed: an integer >= 1")
-        out = benchmark(args.inputs, batches, args.threads, args.out, args.eval_samples, args.warmup, args.min_iters, args.min_time)
+        out = benchmark(args.inputs, _timing(args), args.out)
     except UnitrainError as err:
         print(f"unitrain.infer: error: {err}", file=sys.stderr)
         return 2
@@ -65,12 +104,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n" + markdown(result) + f"\n\n{RESULT}: {out / RESULT}\nplot: {out / 'inference.png'}")
     failed = [r for r in result["rows"] if "error" in r]
     if failed:
-        print(f"unitrain.infer: error: {len(failed)} runtime(s) failed: " + "; ".join(f"{r['runtime']} on {r['name']}: {r['error']}" for r in failed), file=sys.stderr)
+        print(
+            f"unitrain.infer: error: {len(failed)} runtime(s) failed: "
+            + "; ".join(f"{r['runtime']} on {r['name']}: {r['error']}" for r in failed),
+            file=sys.stderr,
+        )
         return 1
     return 0
 
 
-
 if __name__ == "__main__":
     sys.exit(main())
-

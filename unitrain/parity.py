@@ -38,12 +38,9 @@ def _main(cfg: DictConfig) -> None:
         sys.exit(1)
 
 
-
 def main() -> None:
     hydra_entry("unitrain.parity", _main, config_name="parity")
 
 
-
 if __name__ == "__main__":
     main()
-

@@ -38,7 +38,6 @@ def _main(cfg: DictConfig) -> None:
         sys.exit(1)
 
 
-
 def main() -> None:
     # ``python -m unitrain.quantize <run dir> method=static``: the first bare argument is the source.
     args = sys.argv[1:]
@@ -49,7 +48,5 @@ def main() -> None:
     hydra_entry("unitrain.quantize", _main, config_name="quantize")
 
 
-
 if __name__ == "__main__":
     main()
-

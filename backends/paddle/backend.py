@@ -9,12 +9,12 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from unitrain.interface.backend import Backend
-from unitrain.model.weights import check_state
 from unitrain.config.schema import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
+from unitrain.interface.backend import Backend
 from unitrain.interface.distributed import DistributedContext
 from unitrain.interface.profiler import Tracer
 from unitrain.model.specs import ResNetSpec
+from unitrain.model.weights import check_state
 
 from . import blas, data, distributed, models, optim, precision, profiler
 
@@ -37,7 +37,17 @@ class PaddleBackend(Backend):
         # generic ones unless backend.tuned asked for AVX2 (blas.py). Read at the end of a job,
         # since asking fixes MKL's choice.
         mkl = blas.code_path()
-        return {**super().describe(), **({"blas": f"{mkl['library']}, {mkl['code_path']} kernels"} if mkl else {})}
+        if not mkl:
+            return super().describe()
+        kernels = f"{mkl['library']}, {mkl['code_path']} kernels"
+        described = {**super().describe(), "blas": kernels}
+        if mkl["code_path"] == "generic":
+            described["speed_warnings"] = [
+                f"paddle ran {kernels}: its MKL chooses by CPU vendor and leaves a CPU that is not Intel's on them, "
+                "so Paddle's convolutions and matmuls ran below this CPU's speed; backend.tuned=true runs MKL's AVX2 "
+                "kernels (benchmarks/README.md: Paddle's MKL on AMD CPUs)"
+            ]
+        return described
 
     def set_threads(self, threads: int) -> None:
         paddle.base.core.set_num_threads(threads)

@@ -3,11 +3,10 @@
 Paddle's CPU wheels carry MKL 2019.0.5 (``paddle/libs/libmklml_intel.so``); its CPU convolutions
 (im2col, then MKL's sgemm) and matmuls run there. MKL of that age chooses its kernels by CPU
 vendor as well as by instruction set: on a CPU that is not Intel's it runs its generic kernels,
-whatever extensions the CPU has. On a 2-core AMD EPYC with AVX2 (2026-11-24) a 1024x1024 sgemm
-ran at 45 GFLOP/s there and 143 with the AVX2 kernels, and Paddle training steps 1.9-2.6x
-faster (README). MKL of that age reads ``MKL_DEBUG_CPU_TYPE`` once, when it first dispatches,
-and ``5`` selects its AVX2 kernels (MKL 2020 Update 1 and later ignore the variable). torch's
-convolutions run in oneDNN, which chooses by instruction set alone.
+whatever extensions the CPU has, at a fraction of the speed of its AVX2 kernels (the figures:
+benchmarks/README.md, "Paddle's MKL on AMD CPUs"). MKL of that age reads ``MKL_DEBUG_CPU_TYPE``
+once, when it first dispatches, and ``5`` selects its AVX2 kernels (MKL 2020 Update 1 and later
+ignore the variable). torch's convolutions run in oneDNN, which chooses by instruction set alone.
 """
 
 from __future__ import annotations
@@ -46,7 +45,11 @@ def code_path() -> Optional[Dict[str, Any]]:
     words = version.value.decode(errors="replace").split()
     number = next((w for w in words if w[:1].isdigit()), "?")
     detected = int(mkl.mkl_serv_cpu_detect())
-    return {"library": f"MKL {number}", "code_path": _CODE_PATHS.get(detected, f"code path {detected}"), "detected": detected}
+    return {
+        "library": f"MKL {number}",
+        "code_path": _CODE_PATHS.get(detected, f"code path {detected}"),
+        "detected": detected,
+    }
 
 
 def avx2_not_applicable() -> Optional[str]:

@@ -9,7 +9,9 @@ import paddle
 __all__ = ["make_loader"]
 
 
-def make_loader(dataset, batch_sampler: Iterable[List[int]], num_workers: int = 0, device: str = "cpu") -> paddle.io.DataLoader:
+def make_loader(
+    dataset, batch_sampler: Iterable[List[int]], num_workers: int = 0, device: str = "cpu"
+) -> paddle.io.DataLoader:
     # Paddle places the batches on the current device (set by the distributed context), so
     # unlike torch no extra move is needed.
     return paddle.io.DataLoader(

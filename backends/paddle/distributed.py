@@ -18,8 +18,8 @@ from paddle.distributed import fleet
 
 from unitrain.config.schema import DistConfig
 from unitrain.config.validation import check_all_reduce_levers
-from unitrain.interface.distributed import NO_COMM_HOOK, DistributedContext
 from unitrain.errors import ConfigError
+from unitrain.interface.distributed import NO_COMM_HOOK, DistributedContext
 
 from .validation import check_all_reduce
 
@@ -46,7 +46,9 @@ class PaddleDistributedContext(DistributedContext):
         self.comm_backend = "nccl" if self.device.startswith("gpu") else "gloo"
         if self.cfg.comm_backend not in ("auto", self.comm_backend):
             raise ConfigError(
-                "dist.comm_backend", self.cfg.comm_backend, f"auto or {self.comm_backend}: paddle uses {self.comm_backend} on {self.device}"
+                "dist.comm_backend",
+                self.cfg.comm_backend,
+                f"auto or {self.comm_backend}: paddle uses {self.comm_backend} on {self.device}",
             )
         check_all_reduce_levers(self.cfg)
         check_all_reduce(self.cfg)
@@ -107,7 +109,9 @@ class PaddleDistributedContext(DistributedContext):
                 if p is not None and id(p) not in seen and p.trainable and not getattr(p, "no_sync", False):
                     seen.add(id(p))
                     params.append(p)
-        sizes = [sum(math.prod(params[i].shape) * params[i].element_size() for i in group) for group in dp.group_indices]
+        sizes = [
+            sum(math.prod(params[i].shape) * params[i].element_size() for i in group) for group in dp.group_indices
+        ]
         return {
             "buckets": len(sizes),
             "bucket_mb": [round(b / 2**20, 2) for b in sizes],

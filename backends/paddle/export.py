@@ -36,7 +36,10 @@ def save_native(model: paddle.nn.Layer, stem: Path, example: np.ndarray, batch: 
     files = [stem.with_name(stem.name + s) for s in _NATIVE_SUFFIXES]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:
-        raise UnitrainError(f"paddle.jit.save did not write {', '.join(missing)} (this Paddle writes {sorted(p.name for p in stem.parent.iterdir())})")
+        raise UnitrainError(
+            f"paddle.jit.save did not write {', '.join(missing)} (this Paddle writes "
+            f"{sorted(p.name for p in stem.parent.iterdir())})"
+        )
     return files
 
 
@@ -45,7 +48,10 @@ def save_onnx(model: paddle.nn.Layer, stem: Path, example: np.ndarray, batch: Op
     try:
         import paddle2onnx
     except ImportError:
-        raise UnitrainError("ONNX export from paddle needs paddle2onnx, which is not installed; install it with: pip install 'unitrain[export]'") from None
+        raise UnitrainError(
+            "ONNX export from paddle needs paddle2onnx, which is not installed; install it with: pip install "
+            "'unitrain[export]'"
+        ) from None
     path = stem.with_name(stem.name + ".onnx")
     with tempfile.TemporaryDirectory(dir=stem.parent, prefix=".paddle2onnx-") as tmp:
         program, params = save_native(model, Path(tmp) / "model", example, batch)
@@ -55,7 +61,14 @@ def save_onnx(model: paddle.nn.Layer, stem: Path, example: np.ndarray, batch: Op
         # folds constants itself when it loads the model.
         with _captured_stdout() as said:
             try:
-                onnx_bytes = paddle2onnx.export(str(program), str(params), save_file=None, opset_version=OPSET, enable_onnx_checker=True, optimize_tool="none")
+                onnx_bytes = paddle2onnx.export(
+                    str(program),
+                    str(params),
+                    save_file=None,
+                    opset_version=OPSET,
+                    enable_onnx_checker=True,
+                    optimize_tool="none",
+                )
             except Exception:  # noqa: BLE001 - reported below with what paddle2onnx printed
                 onnx_bytes = None
     if not isinstance(onnx_bytes, bytes) or not onnx_bytes:

@@ -27,9 +27,11 @@ def program_kernels(path: Path) -> Dict[str, int]:
     fp32; what those passes make of quantize ops would need the optimized program."""
     ops = re.findall(r'"#":"(?:1|pd_op)\.([a-z_0-9]+)"', path.read_text())
     return {
-        "int8": 0, "float": sum(op in ("conv2d", "matmul", "fc", "depthwise_conv2d") for op in ops),
-        "quantize": ops.count("quantize_linear"), "dequantize": ops.count("dequantize_linear"),
-    }  # fmt: skip
+        "int8": 0,
+        "float": sum(op in ("conv2d", "matmul", "fc", "depthwise_conv2d") for op in ops),
+        "quantize": ops.count("quantize_linear"),
+        "dequantize": ops.count("dequantize_linear"),
+    }
 
 
 #: Conv and linear operators before and after Paddle Inference's fusions.
@@ -161,4 +163,8 @@ def runtimes(path: Path, threads: int) -> List[Runtime]:
     if path.suffix == ".pdmodel":  # a quantized legacy program: paddle.jit.load reads PIR programs only
         int8 = [PaddleInference(path, threads, optimized=True, int8=True)] if quantizes_activations(path) else []
         return [*int8, PaddleInference(path, threads, optimized=True), PaddleInference(path, threads, optimized=False)]
-    return [PaddleInference(path, threads, optimized=True), PaddleInference(path, threads, optimized=False), PaddleJit(path, threads)]
+    return [
+        PaddleInference(path, threads, optimized=True),
+        PaddleInference(path, threads, optimized=False),
+        PaddleJit(path, threads),
+    ]

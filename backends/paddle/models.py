@@ -62,7 +62,9 @@ class BatchNorm2D(nn.BatchNorm2D):
             if not _static_op_folds_biased_variance(self._data_format):
                 return super().forward(x)
             running = self._variance.detach().clone()
-            out = F.batch_norm(x, self._mean, running, self.weight, self.bias, True, m, self._epsilon, self._data_format)
+            out = F.batch_norm(
+                x, self._mean, running, self.weight, self.bias, True, m, self._epsilon, self._data_format
+            )
             n = paddle.cast(x.numel() // self._num_features, running.dtype)
             # Paddle wrote m * before + (1 - m) * biased; torch's has biased * n / (n - 1) instead.
             paddle.assign((running * n - self._variance * m) / (n - 1), self._variance)
@@ -74,8 +76,8 @@ class BatchNorm2D(nn.BatchNorm2D):
         # Paddle's op updates its variance input to m * input + (1 - m) * biased; given
         # before / k, that is exactly torch's value / k. The op keeps its variance input for the
         # backward pass and refuses one changed in place afterwards, so the layer's variance takes
-        # the buffer of a new tensor: as cheap as Paddle's own layer (36-43 against 36-46 us a
-        # call here), where copying the value back in place cost about 30 us a layer.
+        # the buffer of a new tensor, which costs no more than Paddle's own layer (copying the
+        # value back in place nearly doubled its cost).
         running = self._variance.scale(1.0 / k)
         out = F.batch_norm(x, self._mean, running, self.weight, self.bias, True, m, self._epsilon, self._data_format)
         running.scale(k)._share_buffer_to(self._variance)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import paddle
 
-from unitrain.interface.optim import decays
 from unitrain.config.schema import OptimConfig
+from unitrain.interface.optim import decays
 
 __all__ = ["build_optimizer", "set_lr"]
 

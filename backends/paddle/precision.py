@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+
 import paddle
 
 from unitrain.config.schema import AmpConfig
@@ -61,8 +62,11 @@ class PaddleMixedPrecision(ScaledMixedPrecision):
             self.fallback_reason = "; ".join(reasons) or "paddle.amp produced float32 here"
             log.warning(
                 "amp=%s %s requested, but it cannot take effect on %s (%s): this run is fp32, and is reported as such",
-                self.level, self.cfg.dtype, paddle.get_device(), self.fallback_reason,
-            )  # fmt: skip
+                self.level,
+                self.cfg.dtype,
+                paddle.get_device(),
+                self.fallback_reason,
+            )
             # Said once, clearly, above; paddle would repeat it on every step.
             warnings.filterwarnings("ignore", message=".*can only be enabled on CUDAPlace.*")
         return model, optimizer
@@ -82,9 +86,12 @@ class PaddleMixedPrecision(ScaledMixedPrecision):
 
     def autocast(self):
         return paddle.amp.auto_cast(
-            enable=True, custom_white_list=self.white, custom_black_list=self.black,
-            level="O1" if self.level == "O1" else "O2", dtype=self.cfg.dtype,
-        )  # fmt: skip
+            enable=True,
+            custom_white_list=self.white,
+            custom_black_list=self.black,
+            level="O1" if self.level == "O1" else "O2",
+            dtype=self.cfg.dtype,
+        )
 
     def backward(self, loss) -> None:
         self.scaler.scale(loss).backward()

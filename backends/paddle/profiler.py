@@ -24,7 +24,9 @@ class PaddleTracer(Tracer):
         super().__init__(path)
         targets = [pprof.ProfilerTarget.CPU] + ([pprof.ProfilerTarget.GPU] if paddle.is_compiled_with_cuda() else [])
         # Steps [start, start + steps) are recorded.
-        self.profiler = pprof.Profiler(targets=targets, scheduler=(cfg.start, cfg.start + cfg.steps), on_trace_ready=self._on_trace_ready)
+        self.profiler = pprof.Profiler(
+            targets=targets, scheduler=(cfg.start, cfg.start + cfg.steps), on_trace_ready=self._on_trace_ready
+        )
 
     def normalize(self, name: str) -> str:
         while True:

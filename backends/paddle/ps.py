@@ -58,9 +58,12 @@ def engine_problem() -> Optional[str]:
     if not missing:
         return None
     return (
-        f"backend=paddle with dist.mode=ps is not allowed with paddlepaddle {paddle.__version__}: its wheel lacks Paddle's "
-        f"parameter-server engine ({', '.join(missing[:2])}{'...' if len(missing) > 2 else ''}; removed after 3.1.0 by PR #73999, "
-        "the trainer's ops already in 3.1.x); run the job in the environment with paddlepaddle 3.0.0 that `make ps-env` "
+        f"backend=paddle with dist.mode=ps is not allowed with paddlepaddle {paddle.__version__}: its wheel lacks "
+        "Paddle's "
+        f"parameter-server engine ({', '.join(missing[:2])}{'...' if len(missing) > 2 else ''}; removed after 3.1.0 "
+        "by PR #73999, "
+        "the trainer's ops already in 3.1.x); run the job in the environment with paddlepaddle 3.0.0 that `make "
+        "ps-env` "
         "builds: .venv-ps/bin/python -m unitrain ..."
     )
 
@@ -78,7 +81,10 @@ def _wait_for_servers(endpoints) -> None:
                 break
             except OSError:
                 if time.monotonic() > deadline:
-                    raise UnitrainError(f"parameter server {endpoint} did not start listening within {SERVER_WAIT_S:g}s; see serverlog.*") from None
+                    raise UnitrainError(
+                        f"parameter server {endpoint} did not start listening within {SERVER_WAIT_S:g}s; see "
+                        "serverlog.*"
+                    ) from None
                 time.sleep(0.2)
 
 
@@ -96,31 +102,36 @@ class PaddlePs(PsProgram):
         # Built into the default programs: in parameter-server mode minimize() swaps in rewritten
         # ones, which a program_guard would undo on exit.
         self.loss, self.prob = self._build(cfg)
-        optimizer = paddle.optimizer.SGD(learning_rate=cfg.optim.lr)
-        if self.use_ps:
-            strategy = fleet.DistributedStrategy()
-            strategy.a_sync = self.sync != "sync"
-            if self.sync == "geo":
-                strategy.a_sync_configs = {"k_steps": cfg.dist.ps.geo_k_steps}
-            # Plain SGD on the tables too, as on torch. Fleet's CPU default for the tables is its
-            # Adam rule whatever the dense optimizer (the_one_ps.py sets SparseNaiveSGDRule for
-            # SGD, then overwrites it). A pushed sparse gradient is multiplied by the rows of the
-            # id tensor (FleetWrapper::PushSparseFromTensorAsync; here batch x 26 ids), so the
-            # rule's rate is divided by them: the same step as torch's SGD on the batch's mean loss.
-            rate = cfg.optim.lr / (cfg.trainer.batch_size * SPARSE_SLOTS)
-            strategy.sparse_table_configs = {
-                table: {
-                    f"table_parameters.{table}.accessor.{part}_sgd_param.{key}": value
-                    for part in ("embed", "embedx")
-                    for key, value in (("name", "SparseNaiveSGDRule"), ("naive.learning_rate", rate))
-                }
-                for table in ("deep_table", "wide_table")
-            }
-            optimizer = fleet.distributed_optimizer(optimizer, strategy)
-        optimizer.minimize(self.loss)
+        self._optimizer(cfg).minimize(self.loss)
         self.main = self.loss.block.program
-        if self.use_ps and fleet.is_server():
-            return
+        if not (self.use_ps and self.fleet.is_server()):
+            self._start_trainer()
+
+    def _optimizer(self, cfg):
+        optimizer = paddle.optimizer.SGD(learning_rate=cfg.optim.lr)
+        if not self.use_ps:
+            return optimizer
+        strategy = self.fleet.DistributedStrategy()
+        strategy.a_sync = self.sync != "sync"
+        if self.sync == "geo":
+            strategy.a_sync_configs = {"k_steps": cfg.dist.ps.geo_k_steps}
+        # Plain SGD on the tables too, as on torch. Fleet's CPU default for the tables is its
+        # Adam rule whatever the dense optimizer (the_one_ps.py sets SparseNaiveSGDRule for
+        # SGD, then overwrites it). A pushed sparse gradient is multiplied by the rows of the
+        # id tensor (FleetWrapper::PushSparseFromTensorAsync; here batch x 26 ids), so the
+        # rule's rate is divided by them: the same step as torch's SGD on the batch's mean loss.
+        rate = cfg.optim.lr / (cfg.trainer.batch_size * SPARSE_SLOTS)
+        strategy.sparse_table_configs = {
+            table: {
+                f"table_parameters.{table}.accessor.{part}_sgd_param.{key}": value
+                for part in ("embed", "embedx")
+                for key, value in (("name", "SparseNaiveSGDRule"), ("naive.learning_rate", rate))
+            }
+            for table in ("deep_table", "wide_table")
+        }
+        return self.fleet.distributed_optimizer(optimizer, strategy)
+
+    def _start_trainer(self) -> None:
         self.executor = paddle.static.Executor(paddle.CPUPlace())
         # Prediction: the trainer's program cut down to the click probability, which keeps the
         # pulls of embedding rows and drops the pushes.
@@ -133,16 +144,18 @@ class PaddlePs(PsProgram):
         # pull_dense: the servers' dense parameters into this trainer's scope; after_step: what a
         # trainer does after each step (async: pull; sync: flush, barrier, pull; geo: nothing).
         self.pull_dense = self.after_step = None
-        if self.use_ps:
-            _wait_for_servers(fleet.server_endpoints())
-            fleet.init_worker()
-            if self.sync in ("sync", "async"):
-                from paddle.distributed.ps.utils.public import get_the_one_recv_context
+        if not self.use_ps:
+            return
+        fleet = self.fleet
+        _wait_for_servers(fleet.server_endpoints())
+        fleet.init_worker()
+        if self.sync in ("sync", "async"):
+            from paddle.distributed.ps.utils.public import get_the_one_recv_context
 
-                runtime = fleet.fleet._runtime_handle
-                dense = get_the_one_recv_context(runtime.context, split_dense_table=runtime.is_heter_ps_mode)
-                self.pull_dense = lambda: runtime._pull_all_dense(runtime.scopes, runtime._send_ctx, dense)
-                self.after_step = self._sync_step(runtime, dense) if self.sync == "sync" else self.pull_dense
+            runtime = fleet.fleet._runtime_handle
+            dense = get_the_one_recv_context(runtime.context, split_dense_table=runtime.is_heter_ps_mode)
+            self.pull_dense = lambda: runtime._pull_all_dense(runtime.scopes, runtime._send_ctx, dense)
+            self.after_step = self._sync_step(runtime, dense) if self.sync == "sync" else self.pull_dense
 
     def _sync_step(self, runtime, dense):
         """Fleet's sync mode, completed. Its trainer program pushes dense gradients (which the
@@ -159,11 +172,22 @@ class PaddlePs(PsProgram):
         from paddle.distributed.ps.utils.public import DistributedMode
 
         roles = runtime.role_maker
-        kwargs = {"need_global_step": "0", "trainer_id": roles._role_id(), "trainers": roles._worker_num(),
-                  "barrier_table_id": runtime.ps_desc_builder.barrier_table_id, "pserver_endpoints": roles._get_pserver_endpoints()}  # fmt: skip
-        self._communicator = Communicator(DistributedMode.SYNC, kwargs, runtime.context["trainer"].get_communicator_flags())
+        kwargs = {
+            "need_global_step": "0",
+            "trainer_id": roles._role_id(),
+            "trainers": roles._worker_num(),
+            "barrier_table_id": runtime.ps_desc_builder.barrier_table_id,
+            "pserver_endpoints": roles._get_pserver_endpoints(),
+        }
+        self._communicator = Communicator(
+            DistributedMode.SYNC, kwargs, runtime.context["trainer"].get_communicator_flags()
+        )
         self._communicator.init_with_ctx(
-            runtime._send_ctx, dense, text_format.MessageToString(runtime.ps_desc_builder.ps_desc), runtime.string_hosts, paddle.static.global_scope()
+            runtime._send_ctx,
+            dense,
+            text_format.MessageToString(runtime.ps_desc_builder.ps_desc),
+            runtime.string_hosts,
+            paddle.static.global_scope(),
         )
 
         def step_done() -> None:
@@ -201,8 +225,20 @@ class PaddlePs(PsProgram):
         x = paddle.concat([dense, deep], axis=1)
         for i, (weight, bias) in enumerate(layers):
             last = i == len(layers) - 1
-            x = static.nn.fc(x, weight.shape[1], weight_attr=attr(f"deep_{i}.w", weight), bias_attr=attr(f"deep_{i}.b", bias), activation=None if last else "relu")
-        logit = x + static.nn.fc(dense, 1, weight_attr=attr("wide_dense.w", wide_dense[0]), bias_attr=attr("wide_dense.b", wide_dense[1])) + wide
+            x = static.nn.fc(
+                x,
+                weight.shape[1],
+                weight_attr=attr(f"deep_{i}.w", weight),
+                bias_attr=attr(f"deep_{i}.b", bias),
+                activation=None if last else "relu",
+            )
+        logit = (
+            x
+            + static.nn.fc(
+                dense, 1, weight_attr=attr("wide_dense.w", wide_dense[0]), bias_attr=attr("wide_dense.b", wide_dense[1])
+            )
+            + wide
+        )
         loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(logit, label))
         return loss, paddle.nn.functional.sigmoid(logit)
 
@@ -248,7 +284,17 @@ class PaddlePs(PsProgram):
             "sync": mode,
             "geo_k_steps": context["user_defined_strategy"].a_sync_configs["k_steps"] if mode == "geo" else None,
             "pulls_sparse": "distributed_lookup_table" in ops,
-            "program_ops": sorted(ops & {"distributed_lookup_table", "distributed_push_sparse", "send", "recv", "send_barrier", "fetch_barrier"}),
+            "program_ops": sorted(
+                ops
+                & {
+                    "distributed_lookup_table",
+                    "distributed_push_sparse",
+                    "send",
+                    "recv",
+                    "send_barrier",
+                    "fetch_barrier",
+                }
+            ),
             "dense": "on the servers",
             # How far the dense tower moved from its initial values, in this trainer's copy after
             # the last pull: in sync mode only the servers' barrier applies dense gradients.
@@ -258,7 +304,10 @@ class PaddlePs(PsProgram):
 
     def _dense_moved(self) -> float:
         scope = paddle.static.global_scope()
-        return max(float(np.abs(np.asarray(scope.find_var(name).get_tensor()) - value).max()) for name, value in self.initial.items())
+        return max(
+            float(np.abs(np.asarray(scope.find_var(name).get_tensor()) - value).max())
+            for name, value in self.initial.items()
+        )
 
     def close(self) -> None:
         if not (self.use_ps and self.fleet.is_worker()):
@@ -279,7 +328,9 @@ def _server_counters(endpoints) -> Optional[Dict[str, int]]:
     for endpoint in endpoints:
         try:
             # Straight to the server: a proxy set in the environment must not see loopback requests.
-            with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(f"http://{endpoint}/vars?console=1", timeout=5) as page:
+            with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
+                f"http://{endpoint}/vars?console=1", timeout=5
+            ) as page:
                 text = page.read().decode("utf-8", "replace").replace("\r", "")
         except OSError:
             return None

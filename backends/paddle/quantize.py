@@ -38,7 +38,10 @@ __all__ = ["QUANTIZER", "check", "prepare_qat", "save_qat", "save_quantized"]
 
 QUANTIZER = {
     "dynamic": "paddle.quantization.PTQ, per-tensor absmax weight observers only, legacy program",
-    "static": "paddle.static.quantization.PostTrainingQuantization, abs_max, per-channel weights unless per_channel=false, legacy program",
+    "static": (
+        "paddle.static.quantization.PostTrainingQuantization, abs_max, per-channel weights unless per_channel=false, "
+        "legacy program"
+    ),
     "qat": "paddle.quantization.ImperativeQuantAware, per-channel weights, moving-average activations, legacy program",
 }
 SUFFIXES = (".pdmodel", ".pdiparams")
@@ -75,13 +78,23 @@ def _static_ptq(model: paddle.nn.Layer, calibration: List[np.ndarray], stem: Pat
             paddle.enable_static()
             try:
                 ptq = PostTrainingQuantization(
-                    executor=paddle.static.Executor(paddle.CPUPlace()), model_dir=str(Path(tmp) / "fp32"), model_filename="model.pdmodel",
-                    params_filename="model.pdiparams", data_loader=lambda: ({"images": b} for b in calibration), batch_nums=len(calibration),
-                    algo="abs_max", quantizable_op_type=QUANTIZABLE, weight_quantize_type="channel_wise_abs_max" if per_channel else "abs_max",
+                    executor=paddle.static.Executor(paddle.CPUPlace()),
+                    model_dir=str(Path(tmp) / "fp32"),
+                    model_filename="model.pdmodel",
+                    params_filename="model.pdiparams",
+                    data_loader=lambda: ({"images": b} for b in calibration),
+                    batch_nums=len(calibration),
+                    algo="abs_max",
+                    quantizable_op_type=QUANTIZABLE,
+                    weight_quantize_type="channel_wise_abs_max" if per_channel else "abs_max",
                     onnx_format=True,
-                )  # fmt: skip
+                )
                 ptq.quantize()
-                ptq.save_quantized_model(save_model_path=str(Path(tmp) / "int8"), model_filename="model.pdmodel", params_filename="model.pdiparams")
+                ptq.save_quantized_model(
+                    save_model_path=str(Path(tmp) / "int8"),
+                    model_filename="model.pdmodel",
+                    params_filename="model.pdiparams",
+                )
             finally:
                 paddle.disable_static()
         targets = _files(stem)
@@ -91,7 +104,13 @@ def _static_ptq(model: paddle.nn.Layer, calibration: List[np.ndarray], stem: Pat
 
 
 def save_quantized(
-    model: paddle.nn.Layer, method: str, calibration: Iterable[np.ndarray], stem: Path, reduce_range: bool, per_channel: bool, batches: Sequence[int]
+    model: paddle.nn.Layer,
+    method: str,
+    calibration: Iterable[np.ndarray],
+    stem: Path,
+    reduce_range: bool,
+    per_channel: bool,
+    batches: Sequence[int],
 ) -> Saved:
     """``<stem>.pdmodel`` + ``<stem>.pdiparams`` for any batch size; ``calibration`` is only
     read by the static method. (``reduce_range`` has no counterpart in Paddle's quantizers.)"""
@@ -114,9 +133,11 @@ def prepare_qat(model: paddle.nn.Layer, example: np.ndarray, reduce_range: bool)
     from paddle.quantization import ImperativeQuantAware
 
     qat = ImperativeQuantAware(
-        quantizable_layer_type=["Conv2D", "Linear"], weight_quantize_type="channel_wise_abs_max",
-        activation_quantize_type="moving_average_abs_max", onnx_format=True,
-    )  # fmt: skip
+        quantizable_layer_type=["Conv2D", "Linear"],
+        weight_quantize_type="channel_wise_abs_max",
+        activation_quantize_type="moving_average_abs_max",
+        onnx_format=True,
+    )
     qat.quantize(model)
     model._unitrain_qat = qat  # save_quantized_model belongs to the object that prepared the model
     return model

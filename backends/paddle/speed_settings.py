@@ -1,10 +1,9 @@
 """Paddle at its best on this device. What Paddle documents for speed, and what applies here:
 
 - ``paddle.jit.to_static``: the model's forward runs as a static program (PIR interpreter). On
-  GPUs it is applied by default; on the CPU it was measured slower than the dynamic graph
-  (tuned / same-settings samples/s on an AVX2 EPYC, 2026-11-23: ResNet18 32x32 0.97x and 0.91x,
-  ResNet50 64x64 1.00x and 0.84x in two runs), so it is left out there unless named in
-  ``backend.tuned_settings``.
+  GPUs it is applied by default; on the CPU it measured no faster than the dynamic graph
+  (benchmarks/README.md, "Each framework's own speed settings"), so it is left out there unless
+  named in ``backend.tuned_settings``.
 - oneDNN (``FLAGS_use_onednn``): in Paddle 3.3.1 dynamic-graph ops ignore it (their kernel key
   stays plain CPU), and a to_static training program with it on fails in run_program.
 - NHWC: Paddle's CPU convolution transposes NHWC to NCHW and back around im2col, so on a CPU
@@ -20,7 +19,6 @@ from __future__ import annotations
 from typing import Dict, List
 
 import paddle
-
 
 from unitrain.interface.speed_settings import TUNED, SpeedSettings
 
@@ -46,8 +44,12 @@ class Tuned(SpeedSettings):
     @staticmethod
     def not_offered(device: str) -> Dict[str, str]:
         always = {
-            "oneDNN": "Paddle 3.3.1's dynamic-graph ops ignore FLAGS_use_onednn, and to_static training fails with it on",
-            "NHWC": "Paddle's CPU convolution transposes NHWC to NCHW and back" if device == "cpu" else "unitrain's Paddle ResNets are built NCHW",
+            "oneDNN": (
+                "Paddle 3.3.1's dynamic-graph ops ignore FLAGS_use_onednn, and to_static training fails with it on"
+            ),
+            "NHWC": "Paddle's CPU convolution transposes NHWC to NCHW and back"
+            if device == "cpu"
+            else "unitrain's Paddle ResNets are built NCHW",
         }
         why_not = "the model trains on a GPU, not in MKL" if device != "cpu" else blas.avx2_not_applicable()
         return {**always, "mkl_avx2": why_not} if why_not else always
@@ -55,7 +57,9 @@ class Tuned(SpeedSettings):
     @staticmethod
     def left_out(device: str) -> Dict[str, str]:
         if device == "cpu":
-            return {"to_static": "measured no faster on a CPU (0.84x-1.00x); name it in backend.tuned_settings to apply it"}
+            return {
+                "to_static": "measured no faster on a CPU (0.84x-1.00x); name it in backend.tuned_settings to apply it"
+            }
         return {}
 
     def prepare_model(self, model: paddle.nn.Layer) -> paddle.nn.Layer:
@@ -76,5 +80,7 @@ class Tuned(SpeedSettings):
                 applied.append(f"{mkl['library']} AVX2 kernels")
             else:
                 # MKL chose before this job asked: an earlier job in this same process.
-                self.skipped["mkl_avx2"] = f"MKL had already chosen its {mkl['code_path'] if mkl else '?'} kernels in this process"
+                self.skipped["mkl_avx2"] = (
+                    f"MKL had already chosen its {mkl['code_path'] if mkl else '?'} kernels in this process"
+                )
         return applied

@@ -8,12 +8,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from unitrain.interface.backend import Backend
-from unitrain.model.weights import check_state
 from unitrain.config.schema import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
+from unitrain.interface.backend import Backend
 from unitrain.interface.distributed import DistributedContext
 from unitrain.interface.profiler import Tracer
 from unitrain.model.specs import ResNetSpec
+from unitrain.model.weights import check_state
 
 from . import data, distributed, models, optim, precision, profiler
 

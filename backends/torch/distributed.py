@@ -18,8 +18,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from unitrain.config.schema import DistConfig
 from unitrain.config.validation import check_all_reduce_levers
-from unitrain.interface.distributed import NO_COMM_HOOK, DistributedContext
 from unitrain.errors import ConfigError
+from unitrain.interface.distributed import NO_COMM_HOOK, DistributedContext
 
 from .validation import check_all_reduce
 
@@ -59,12 +59,18 @@ class TorchDistributedContext(DistributedContext):
         default = "nccl" if self.device.startswith("cuda") else "gloo"
         self.comm_backend = default if self.cfg.comm_backend == "auto" else self.cfg.comm_backend
         if self.comm_backend == "nccl" and not self.device.startswith("cuda"):
-            raise ConfigError("dist.comm_backend", "nccl", "auto or gloo: nccl needs CUDA devices and this run is on cpu")
+            raise ConfigError(
+                "dist.comm_backend", "nccl", "auto or gloo: nccl needs CUDA devices and this run is on cpu"
+            )
         check_all_reduce_levers(self.cfg)
         check_all_reduce(self.cfg)
         if self.cfg.grad_compression == "bf16" and self.comm_backend != "nccl":
             # torch's bf16_compress_hook checks for NCCL 2.10+ (or XPU) and raises otherwise.
-            raise ConfigError("dist.grad_compression", "bf16", f"none or fp16 with {self.comm_backend}: torch's bf16_compress_hook needs NCCL (CUDA)")
+            raise ConfigError(
+                "dist.grad_compression",
+                "bf16",
+                f"none or fp16 with {self.comm_backend}: torch's bf16_compress_hook needs NCCL (CUDA)",
+            )
         self._ddp: DistributedDataParallel | None = None
 
     def setup(self) -> "TorchDistributedContext":
@@ -119,7 +125,9 @@ class TorchDistributedContext(DistributedContext):
             return None
         data = self._ddp._get_ddp_logging_data()
         # The logging data keeps the buckets of construction; the reducer's are the current ones.
-        sizes = [b.buffer().numel() * b.buffer().element_size() for b in self._ddp.reducer._get_zeros_like_grad_buckets()]
+        sizes = [
+            b.buffer().numel() * b.buffer().element_size() for b in self._ddp.reducer._get_zeros_like_grad_buckets()
+        ]
         return {
             "buckets": len(sizes),
             "bucket_mb": [round(b / 2**20, 2) for b in sizes],

@@ -53,11 +53,21 @@ def save_onnx(model: torch.nn.Module, stem: Path, example: np.ndarray, batch: Op
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
             torch.onnx.export(
-                model.eval(), (x,), str(path), input_names=["images"], output_names=["logits"], opset_version=OPSET,
-                dynamic_shapes=shapes, external_data=False, dynamo=True,
-            )  # fmt: skip
+                model.eval(),
+                (x,),
+                str(path),
+                input_names=["images"],
+                output_names=["logits"],
+                opset_version=OPSET,
+                dynamic_shapes=shapes,
+                external_data=False,
+                dynamo=True,
+            )
     except ImportError as err:
-        raise UnitrainError(f"ONNX export from torch needs {err.name or 'onnxscript'}, which is not installed; install it with: pip install 'unitrain[export]'") from None
+        raise UnitrainError(
+            f"ONNX export from torch needs {err.name or 'onnxscript'}, which is not installed; install it with: pip "
+            "install 'unitrain[export]'"
+        ) from None
     finally:
         for q, level in zip(quiet, levels):
             q.setLevel(level)

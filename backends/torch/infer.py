@@ -25,7 +25,11 @@ def _needs_torchao(path: Path) -> bool:
     import zipfile
 
     with zipfile.ZipFile(path) as archive:
-        return any(b"quantized_decomposed" in archive.read(n) for n in archive.namelist() if n.endswith(".json") and "/models/" in n)
+        return any(
+            b"quantized_decomposed" in archive.read(n)
+            for n in archive.namelist()
+            if n.endswith(".json") and "/models/" in n
+        )
 
 
 def load_program(path: Path):
@@ -35,7 +39,9 @@ def load_program(path: Path):
         try:
             import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401
         except ImportError:
-            raise UnitrainError(f"{path.name} is a quantized program; loading it needs torchao: pip install 'unitrain[quantize]'") from None
+            raise UnitrainError(
+                f"{path.name} is a quantized program; loading it needs torchao: pip install 'unitrain[quantize]'"
+            ) from None
     return torch.export.load(str(path))
 
 
@@ -44,9 +50,11 @@ def _graph_counts(module) -> Dict[str, int]:
     # Without integer kernels in eager mode: dequantized weights feed float conv/linear, and
     # quantize-dequantize pairs on activations only simulate int8.
     return {
-        "int8": 0, "float": sum(any(f in t for f in FLOAT) for t in targets), "quantize": sum(QUANTIZE in t for t in targets),
+        "int8": 0,
+        "float": sum(any(f in t for f in FLOAT) for t in targets),
+        "quantize": sum(QUANTIZE in t for t in targets),
         "dequantize": sum(WEIGHT_DEQUANTIZE in t for t in targets),
-    }  # fmt: skip
+    }
 
 
 class TorchEager(Runtime):
@@ -66,7 +74,11 @@ class TorchEager(Runtime):
             return self.module(prepared).numpy()
 
     def observed(self) -> Dict[str, Any]:
-        return {"threads": torch.get_num_threads(), "mkldnn": torch.backends.mkldnn.is_available(), "kernels": self.graph_kernels}
+        return {
+            "threads": torch.get_num_threads(),
+            "mkldnn": torch.backends.mkldnn.is_available(),
+            "kernels": self.graph_kernels,
+        }
 
 
 class TorchCompile(TorchEager):
@@ -95,7 +107,18 @@ class TorchCompile(TorchEager):
             self.module(self.last)
         names = [e.name for e in prof.events()]
         int8 = sum(("qconv" in n or "qlinear" in n) for n in names)
-        flt = sum(n in ("aten::convolution", "aten::addmm", "aten::mm", "mkldnn::_convolution_pointwise", "mkldnn::_linear_pointwise", "aten::mkldnn_convolution") for n in names)
+        flt = sum(
+            n
+            in (
+                "aten::convolution",
+                "aten::addmm",
+                "aten::mm",
+                "mkldnn::_convolution_pointwise",
+                "mkldnn::_linear_pointwise",
+                "aten::mkldnn_convolution",
+            )
+            for n in names
+        )
         return {"int8": int8, "float": flt, "quantize": 0, "dequantize": self.graph_kernels["dequantize"]}
 
     def observed(self) -> Dict[str, Any]:
@@ -104,7 +127,14 @@ class TorchCompile(TorchEager):
         graphs = int(counters["stats"]["unique_graphs"])
         breaks = int(sum(counters["graph_break"].values()))
         ran = "inductor" if graphs and not breaks else "eager fallback" if not graphs else "inductor with graph breaks"
-        return {**super().observed(), "compiled_graphs": graphs, "graph_breaks": breaks, "ran": ran, "freezing": True, "kernels": self._profiled_kernels()}
+        return {
+            **super().observed(),
+            "compiled_graphs": graphs,
+            "graph_breaks": breaks,
+            "ran": ran,
+            "freezing": True,
+            "kernels": self._profiled_kernels(),
+        }
 
 
 def runtimes(path: Path, threads: int) -> List[Runtime]:

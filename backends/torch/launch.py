@@ -59,4 +59,8 @@ LAUNCHER = _TorchLauncher()
 def ps_role(env: Mapping[str, str], servers: int, trainers: int) -> Role:
     """torchrun numbers every process with RANK: the first ``servers`` ranks serve."""
     rank = int(env.get("RANK", "0"))
-    return Role("server", rank, servers, trainers) if rank < servers else Role("trainer", rank - servers, servers, trainers)
+    return (
+        Role("server", rank, servers, trainers)
+        if rank < servers
+        else Role("trainer", rank - servers, servers, trainers)
+    )

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from unitrain.interface.optim import decays
 from unitrain.config.schema import OptimConfig
+from unitrain.interface.optim import decays
 
 __all__ = ["build_optimizer", "set_lr"]
 
@@ -21,7 +21,9 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
             {"params": [p for n, p in named if decays(n, p.shape)]},
             {"params": [p for n, p in named if not decays(n, p.shape)], "weight_decay": 0.0},
         ]
-    optimizer = torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov)
+    optimizer = torch.optim.SGD(
+        groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, nesterov=cfg.nesterov
+    )
     if cfg.clip_grad_norm is not None:
         # Before every step, as paddle's grad_clip does inside its optimizer: GradScaler.step
         # unscales the gradients before calling step(), so the norm is the true one, and a

@@ -56,9 +56,10 @@ def make_scaler(cfg: AmpConfig, device_type: str) -> torch.amp.GradScaler:
     """torch.amp.GradScaler with unitrain's (paddle's) knob names mapped onto torch's."""
     if cfg.decr_every_n_nan_or_inf != 1:
         raise ConfigError(
-            "amp.decr_every_n_nan_or_inf", cfg.decr_every_n_nan_or_inf,
+            "amp.decr_every_n_nan_or_inf",
+            cfg.decr_every_n_nan_or_inf,
             "1 on backend=torch: torch.amp.GradScaler backs off on every overflowing step",
-        )  # fmt: skip
+        )
     return torch.amp.GradScaler(
         device_type,
         init_scale=cfg.init_loss_scaling,
@@ -97,7 +98,10 @@ class TorchMixedPrecision(ScaledMixedPrecision):
 
     def _wrap_listed_modules(self, model: nn.Module) -> None:
         """O1 custom lists: black-listed modules run in fp32, white-listed ones in low precision."""
-        for names, dtype, autocast_on in ((self.black, torch.float32, False), (self.white - {"conv2d", "linear"}, self.low, True)):
+        for names, dtype, autocast_on in (
+            (self.black, torch.float32, False),
+            (self.white - {"conv2d", "linear"}, self.low, True),
+        ):
             kinds = tuple(k for name in names for k in MODULES[name])
             for module in model.modules():
                 if kinds and isinstance(module, kinds):
@@ -135,7 +139,12 @@ class TorchMixedPrecision(ScaledMixedPrecision):
             out = probe(self.convert_input(torch.zeros(1, 3, 2, 2, device=next(model.parameters()).device)))
         if out.dtype == torch.float32:
             self.fallback_reason = f"torch autocast produced float32 on {self.device_type}"
-            log.warning("amp=%s %s requested, but %s: this run is fp32, and is reported as such", self.level, self.cfg.dtype, self.fallback_reason)
+            log.warning(
+                "amp=%s %s requested, but %s: this run is fp32, and is reported as such",
+                self.level,
+                self.cfg.dtype,
+                self.fallback_reason,
+            )
             return "fp32"
         return f"{self.level} {self.cfg.dtype}"
 
@@ -194,8 +203,14 @@ class ApexMixedPrecision(TorchMixedPrecision):
     def decorate(self, model, optimizer):
         self.device_type = _device_type(model)
         if self.device_type != "cuda":
-            raise ConfigError("amp.impl", "apex", "native on a CPU: Apex's amp needs a CUDA device (amp.initialize refuses CPU parameters)")
-        model, optimizer = self.amp.initialize(model, optimizer, opt_level=self.level, loss_scale="dynamic" if loss_scaling_wanted(self.cfg) else 1.0)
+            raise ConfigError(
+                "amp.impl",
+                "apex",
+                "native on a CPU: Apex's amp needs a CUDA device (amp.initialize refuses CPU parameters)",
+            )
+        model, optimizer = self.amp.initialize(
+            model, optimizer, opt_level=self.level, loss_scale="dynamic" if loss_scaling_wanted(self.cfg) else 1.0
+        )
         self._optimizer, self._effective = optimizer, f"{self.level} float16 (apex)"
         return model, optimizer
 
@@ -243,4 +258,3 @@ def make_precision(cfg: AmpConfig) -> MixedPrecision:
     if cfg.level == "O0":
         return MixedPrecision(cfg)
     return ApexMixedPrecision(cfg) if cfg.impl == "apex" else TorchMixedPrecision(cfg)
-

@@ -42,7 +42,11 @@ RPC_THREADS = 4
 def engine_problem() -> Optional[str]:
     from torch.distributed import rpc
 
-    return None if rpc.is_available() else f"torch {torch.__version__} was built without torch.distributed.rpc, which parameter-server jobs use"
+    return (
+        None
+        if rpc.is_available()
+        else f"torch {torch.__version__} was built without torch.distributed.rpc, which parameter-server jobs use"
+    )
 
 
 class Tower(nn.Module):
@@ -80,7 +84,9 @@ class Tables(nn.Module):
         rng = np.random.default_rng((seed, 4, index))
         self.rows = nn.Embedding(rows, dim + 1, sparse=True)
         with torch.no_grad():
-            self.rows.weight.copy_(torch.from_numpy(rng.uniform(-EMBED_INIT, EMBED_INIT, (rows, dim + 1)).astype(np.float32)))
+            self.rows.weight.copy_(
+                torch.from_numpy(rng.uniform(-EMBED_INIT, EMBED_INIT, (rows, dim + 1)).astype(np.float32))
+            )
         self.looked_up = 0
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -124,7 +130,11 @@ def _pull(ids: torch.Tensor) -> torch.Tensor:
 
 
 def _traffic() -> Dict[str, int]:
-    return {"updates": _SERVER.updates, "rows_pushed": _SERVER.rows_pushed, "rows_pulled": _SERVER.rows_pulled + _SERVER.tables.looked_up}
+    return {
+        "updates": _SERVER.updates,
+        "rows_pushed": _SERVER.rows_pushed,
+        "rows_pulled": _SERVER.rows_pulled + _SERVER.tables.looked_up,
+    }
 
 
 def _push_when_all_arrived(ids: torch.Tensor, grads: torch.Tensor):
@@ -140,7 +150,9 @@ def _push_when_all_arrived(ids: torch.Tensor, grads: torch.Tensor):
             # Each trainer's loss is its own batch's mean: the job's gradient is their mean.
             all_ids = torch.cat([i for i, _ in server.pending])
             values = torch.cat([g for _, g in server.pending]) / server.trainers
-            weight.grad = torch.sparse_coo_tensor(all_ids[None], values, weight.shape, check_invariants=False).coalesce()
+            weight.grad = torch.sparse_coo_tensor(
+                all_ids[None], values, weight.shape, check_invariants=False
+            ).coalesce()
             server.optimizer.step()
             weight.grad = None
             server.pending, server.applied = [], torch.futures.Future()
@@ -201,9 +213,11 @@ class TorchPs(PsProgram):
         if role.kind == "server":
             _SERVER = _Server(cfg, role)
         # uv (TCP) alone: TensorPipe's default shared-memory transport keeps a thread spinning
-        # at about half a core in every process, idle or not (the job trained 1.8-2.9x faster
-        # on 2 cores without it). A few RPC threads: 16 by default, for 1-thread processes.
-        options = rpc.TensorPipeRpcBackendOptions(num_worker_threads=RPC_THREADS, rpc_timeout=RPC_TIMEOUT_S, _transports=["uv"])
+        # at about half a core in every process, idle or not, which a 2-core machine cannot spare.
+        # A few RPC threads: 16 by default, for 1-thread processes.
+        options = rpc.TensorPipeRpcBackendOptions(
+            num_worker_threads=RPC_THREADS, rpc_timeout=RPC_TIMEOUT_S, _transports=["uv"]
+        )
         rpc.init_rpc(f"{role.kind}{role.index}", rank=role.rank, world_size=world, rpc_backend_options=options)
         if role.kind == "server":
             return
@@ -216,8 +230,12 @@ class TorchPs(PsProgram):
             from torch.distributed.nn import RemoteModule
             from torch.distributed.optim import DistributedOptimizer
 
-            self.remote = [RemoteModule.init_from_module_rref(f"{s}/cpu", rpc.rpc_sync(s, _tables_rref)) for s in self.servers]
-            params = [p for m in self.remote for p in m.remote_parameters()] + [rpc.RRef(p) for p in self.ddp.parameters()]
+            self.remote = [
+                RemoteModule.init_from_module_rref(f"{s}/cpu", rpc.rpc_sync(s, _tables_rref)) for s in self.servers
+            ]
+            params = [p for m in self.remote for p in m.remote_parameters()] + [
+                rpc.RRef(p) for p in self.ddp.parameters()
+            ]
             self.optimizer = DistributedOptimizer(_optimizer_class(cfg.optim.name), params, lr=cfg.optim.lr)
         else:
             self.optimizer = _optimizer_class(cfg.optim.name)(self.ddp.parameters(), lr=cfg.optim.lr)
@@ -264,7 +282,10 @@ class TorchPs(PsProgram):
         self.optimizer.zero_grad()
         loss.backward()  # DDP all-reduces the tower's gradients over the trainers here
         self.optimizer.step()
-        pushed = [self.rpc.rpc_async(s, _push_when_all_arrived, args=(u, leaf.grad)) for s, (u, _), leaf in zip(self.servers, uniques, leaves)]
+        pushed = [
+            self.rpc.rpc_async(s, _push_when_all_arrived, args=(u, leaf.grad))
+            for s, (u, _), leaf in zip(self.servers, uniques, leaves)
+        ]
         for f in pushed:
             f.wait()
         return float(loss)
@@ -280,7 +301,10 @@ class TorchPs(PsProgram):
                 embedded, wide = _assemble(*self._local_parts(batch.sparse), n, self.dim)
             else:
                 parts = _split(batch.sparse, len(self.servers))
-                rows = [f.wait() for f in [self.rpc.rpc_async(s, _pull, args=(r,)) for s, (_, r) in zip(self.servers, parts)]]
+                rows = [
+                    f.wait()
+                    for f in [self.rpc.rpc_async(s, _pull, args=(r,)) for s, (_, r) in zip(self.servers, parts)]
+                ]
                 embedded, wide = _assemble(parts, rows, n, self.dim)
             return torch.sigmoid(self.tower(dense, embedded, wide)).numpy()
 
@@ -301,7 +325,14 @@ class TorchPs(PsProgram):
             "dense": "DistributedDataParallel over the trainers",
             "traffic": {
                 "rows_pulled": sum(t["rows_pulled"] for t in traffic),
-                **({"rows_pushed": sum(t["rows_pushed"] for t in traffic), "synchronous_updates": sum(t["updates"] for t in traffic)} if self.sync == "sync" else {}),
+                **(
+                    {
+                        "rows_pushed": sum(t["rows_pushed"] for t in traffic),
+                        "synchronous_updates": sum(t["updates"] for t in traffic),
+                    }
+                    if self.sync == "sync"
+                    else {}
+                ),
             },
         }
 

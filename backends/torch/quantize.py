@@ -31,7 +31,10 @@ def _torchao():
     try:
         from torchao.quantization.pt2e import quantize_pt2e  # noqa: F401
     except ImportError:
-        raise UnitrainError("quantization in torch needs torchao, which is not installed; install it with: pip install 'unitrain[quantize]'") from None
+        raise UnitrainError(
+            "quantization in torch needs torchao, which is not installed; install it with: pip install "
+            "'unitrain[quantize]'"
+        ) from None
     return quantize_pt2e
 
 
@@ -44,16 +47,23 @@ class WeightOnlyQuantizer:
 
         observer = PerChannelMinMaxObserver if per_channel else MinMaxObserver
         spec = QuantizationSpec(
-            dtype=torch.int8, quant_min=-127, quant_max=127, qscheme=torch.per_channel_symmetric if per_channel else torch.per_tensor_symmetric,
-            ch_axis=0, is_dynamic=False, observer_or_fake_quant_ctr=observer.with_args(eps=2**-12),
-        )  # fmt: skip
+            dtype=torch.int8,
+            quant_min=-127,
+            quant_max=127,
+            qscheme=torch.per_channel_symmetric if per_channel else torch.per_tensor_symmetric,
+            ch_axis=0,
+            is_dynamic=False,
+            observer_or_fake_quant_ctr=observer.with_args(eps=2**-12),
+        )
         targets = {torch.ops.aten.conv2d.default, torch.ops.aten.linear.default}
 
         class _Quantizer(Quantizer):
             def annotate(self, model):
                 for node in model.graph.nodes:
                     if node.op == "call_function" and node.target in targets:
-                        node.meta["quantization_annotation"] = QuantizationAnnotation(input_qspec_map={node.args[1]: spec}, _annotated=True)
+                        node.meta["quantization_annotation"] = QuantizationAnnotation(
+                            input_qspec_map={node.args[1]: spec}, _annotated=True
+                        )
                 return model
 
             def validate(self, model) -> None:
@@ -67,7 +77,7 @@ QUANTIZER = {
     "dynamic": "torchao PT2E, int8 weight-only annotation (unitrain's), per-channel unless per_channel=false",
     "static": "torchao PT2E, X86InductorQuantizer, per-channel weights, per-tensor activations",
     "qat": "torchao PT2E QAT, X86InductorQuantizer(is_qat=True), per-channel weights",
-}  # fmt: skip
+}
 BATCH = ({0: torch.export.Dim("batch", min=1, max=65536)},)
 
 
@@ -77,7 +87,9 @@ def check(method: str, per_channel: bool) -> None:
     _torchao()
     if method == "static" and not per_channel:
         raise ConfigError(
-            "per_channel", False, "true with backend=torch method=static (torchao's X86InductorQuantizer quantizes weights per channel only)"
+            "per_channel",
+            False,
+            "true with backend=torch method=static (torchao's X86InductorQuantizer quantizes weights per channel only)",
         )
 
 
@@ -136,11 +148,19 @@ def save_qat(prepared: torch.nn.Module, stem: Path, example: np.ndarray, batches
     """``<stem>.pt2`` (any batch): the fine-tuned model converted to int8 weights and quantize ops, as static."""
     quantize_pt2e = _torchao()
     prepared.eval()
-    return _save(quantize_pt2e.convert_pt2e(prepared), torch.from_numpy(np.ascontiguousarray(example, dtype=np.float32)), stem)
+    return _save(
+        quantize_pt2e.convert_pt2e(prepared), torch.from_numpy(np.ascontiguousarray(example, dtype=np.float32)), stem
+    )
 
 
 def save_quantized(
-    model: torch.nn.Module, method: str, calibration: Iterable[np.ndarray], stem: Path, reduce_range: bool, per_channel: bool, batches: Sequence[int]
+    model: torch.nn.Module,
+    method: str,
+    calibration: Iterable[np.ndarray],
+    stem: Path,
+    reduce_range: bool,
+    per_channel: bool,
+    batches: Sequence[int],
 ) -> Saved:
     """``<stem>.pt2`` for any batch size; ``calibration`` is only read by the static method."""
     quantize_pt2e = _torchao()

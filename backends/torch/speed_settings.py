@@ -2,10 +2,9 @@
 the two settings of torch's CPU and GPU performance-tuning guides that apply to a ResNet's
 training step (cuDNN's benchmark mode as well on a GPU).
 
-On a CPU neither is applied by default: measured on an AVX2 EPYC (2026-11-23, interleaved pairs,
-tuned / same-settings samples/s), both together ran 0.885x at ResNet18 32x32 and 0.973x at
-ResNet50 64x64, compile alone 0.66x and 1.01x, channels-last alone 0.76x and 1.05x (within noise).
-Named in ``backend.tuned_settings`` they are applied anywhere (an AVX-512 CPU may differ)."""
+On a CPU neither is applied by default: neither measured faster there, alone or together
+(benchmarks/README.md, "Each framework's own speed settings"). Named in
+``backend.tuned_settings`` they are applied anywhere (an AVX-512 CPU may differ)."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from typing import Any, Dict, List
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
-
 
 from unitrain.errors import ConfigError
 from unitrain.interface.speed_settings import TUNED, SpeedSettings
@@ -54,8 +52,12 @@ class Tuned(SpeedSettings):
         first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES if torch.distributed.is_available() else 0
         if isinstance(model, DistributedDataParallel) and model.bucket_bytes_cap < first:
             # torch's DDPOptimizer asserts this deep inside the first compiled step otherwise.
-            raise ConfigError("dist.bucket_cap_mb", round(model.bucket_bytes_cap / 2**20, 6),
-                              f"at least {first / 2**20:g} with torch.compile (backend.tuned): its DDPOptimizer needs buckets no smaller than DDP's first")
+            raise ConfigError(
+                "dist.bucket_cap_mb",
+                round(model.bucket_bytes_cap / 2**20, 6),
+                f"at least {first / 2**20:g} with torch.compile (backend.tuned): its DDPOptimizer needs buckets no "
+                "smaller than DDP's first",
+            )
         # Compile around the DDP wrapper, as torch's DDP notes advise: DDPOptimizer splits the
         # graph at bucket boundaries so the all-reduces still overlap the backward pass.
         self._compiled = torch.compile(model)
@@ -66,7 +68,11 @@ class Tuned(SpeedSettings):
 
     def observed(self) -> List[str]:
         done = []
-        convs = [m.weight for m in (self._model.modules() if self._model is not None else ()) if isinstance(m, torch.nn.Conv2d)]
+        convs = [
+            m.weight
+            for m in (self._model.modules() if self._model is not None else ())
+            if isinstance(m, torch.nn.Conv2d)
+        ]
         if convs and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs):
             done.append(f"channels_last ({len(convs)} conv weights)")
         if self._compiled is not None:
@@ -74,7 +80,10 @@ class Tuned(SpeedSettings):
 
             graphs = counters["stats"]["unique_graphs"]
             if graphs:
-                done.append(f"torch.compile inductor ({graphs} graph(s), {sum(counters['graph_break'].values())} graph break(s))")
+                done.append(
+                    f"torch.compile inductor ({graphs} graph(s), {sum(counters['graph_break'].values())} graph "
+                    "break(s))"
+                )
         if self.device.startswith("cuda") and torch.backends.cudnn.benchmark:
             done.append("cudnn.benchmark")
         return done

@@ -13,7 +13,9 @@ __all__ = ["check", "check_all_reduce"]
 def check(cfg: Any) -> None:
     if cfg.dist.mode == "ps" and cfg.dist.ps.sync == "geo":
         raise ConfigError(
-            "dist.ps.sync", "geo", "sync or async with backend=torch (geo-SGD is Paddle's; torch.distributed.rpc has no counterpart)"
+            "dist.ps.sync",
+            "geo",
+            "sync or async with backend=torch (geo-SGD is Paddle's; torch.distributed.rpc has no counterpart)",
         )
     check_all_reduce(cfg.dist)
 

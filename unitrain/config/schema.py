@@ -373,7 +373,6 @@ class QatConfig:
     lr: Optional[float] = None
 
 
-
 @dataclass
 class QuantizeConfig:
     # A run directory (its latest checkpoint), a checkpoint directory, or latest.

@@ -41,7 +41,9 @@ def check_all_reduce_levers(dist: DistConfig | Any) -> None:
     """dist.bucket_cap_mb as every backend takes it; a backend's own limits are its validation
     module's (run again by its context, for library users who skip validate())."""
     if dist.bucket_cap_mb is not None and not dist.bucket_cap_mb > 0:
-        raise ConfigError("dist.bucket_cap_mb", dist.bucket_cap_mb, "a size in MB > 0, or null for the framework's default")
+        raise ConfigError(
+            "dist.bucket_cap_mb", dist.bucket_cap_mb, "a size in MB > 0, or null for the framework's default"
+        )
 
 
 def _check_amp(amp: Any) -> None:
@@ -101,7 +103,11 @@ def _check_trainer(trainer: Any) -> None:
         if trainer.threads > cores:
             # Oversubscribed threads measure contention, not the framework (1000 threads ran
             # ~0.1% of the speed of 2 here).
-            raise ConfigError("trainer.threads", trainer.threads, f"at most {cores}, the cores this process may use (or unset: all of them)")
+            raise ConfigError(
+                "trainer.threads",
+                trainer.threads,
+                f"at most {cores}, the cores this process may use (or unset: all of them)",
+            )
     _at_least("trainer.eval_every", trainer.eval_every, 0, "0: evaluate only at the end")
     _positive("trainer.eval_batch_size", trainer.eval_batch_size)
     _at_least("trainer.checkpoint_every", trainer.checkpoint_every, 0, "0: no checkpoints")
@@ -116,7 +122,9 @@ def _check_dist(cfg: Any) -> None:
     _positive("dist.nproc_per_node", dist.nproc_per_node)
     _positive("dist.nnodes", dist.nnodes)
     if not 0 <= dist.node_rank < dist.nnodes:
-        raise ConfigError("dist.node_rank", dist.node_rank, f"an integer in [0, {dist.nnodes}) (dist.nnodes={dist.nnodes})")
+        raise ConfigError(
+            "dist.node_rank", dist.node_rank, f"an integer in [0, {dist.nnodes}) (dist.nnodes={dist.nnodes})"
+        )
     if dist.nnodes > 1 and dist.master_port is None:
         raise ConfigError("dist.master_port", None, "a port number that every node uses, when dist.nnodes > 1")
     if dist.master_port is not None and not 0 < dist.master_port < 65536:
@@ -151,10 +159,18 @@ def _check_collective(cfg: Any) -> None:
     """dist.mode=collective: the ResNets on image data."""
     _one_of("model.name", cfg.model.name, MODELS.names() + list(PS_MODELS))
     if cfg.model.name in PS_MODELS:
-        raise ConfigError("model", cfg.model.name, f"one of {', '.join(MODELS.names())} with dist.mode=collective ({cfg.model.name} trains with dist.mode=ps)")
+        raise ConfigError(
+            "model",
+            cfg.model.name,
+            f"one of {', '.join(MODELS.names())} with dist.mode=collective ({cfg.model.name} trains with dist.mode=ps)",
+        )
     _one_of("data.name", cfg.data.name, DATASET_NAMES + PS_DATASETS)
     if cfg.data.name in PS_DATASETS:
-        raise ConfigError("data", cfg.data.name, f"one of {', '.join(DATASET_NAMES)} with dist.mode=collective ({cfg.data.name} is for dist.mode=ps)")
+        raise ConfigError(
+            "data",
+            cfg.data.name,
+            f"one of {', '.join(DATASET_NAMES)} with dist.mode=collective ({cfg.data.name} is for dist.mode=ps)",
+        )
     _one_of("optim.name", cfg.optim.name, ("momentum",))
 
 
@@ -162,7 +178,11 @@ def _check_ps(cfg: Any) -> None:
     """dist.mode=ps: wide&deep on Criteo-format rows, servers and trainers on one node."""
     ps = cfg.dist.ps
     if cfg.model.name not in PS_MODELS:
-        raise ConfigError("model", cfg.model.name, f"{' or '.join(PS_MODELS)} with dist.mode=ps (the ResNets train with dist.mode=collective)")
+        raise ConfigError(
+            "model",
+            cfg.model.name,
+            f"{' or '.join(PS_MODELS)} with dist.mode=ps (the ResNets train with dist.mode=collective)",
+        )
     if cfg.data.name not in PS_DATASETS:
         raise ConfigError("data", cfg.data.name, f"one of {', '.join(PS_DATASETS)} with dist.mode=ps")
     _one_of("optim.name", cfg.optim.name, PS_OPTIMIZERS)
@@ -175,7 +195,9 @@ def _check_ps(cfg: Any) -> None:
     _at_least("dist.ps.servers", ps.servers, 0, "0: one process without servers")
     _positive("dist.ps.trainers", ps.trainers)
     if ps.servers == 0 and ps.trainers != 1:
-        raise ConfigError("dist.ps.trainers", ps.trainers, "1 with dist.ps.servers=0 (trainers share parameters through servers)")
+        raise ConfigError(
+            "dist.ps.trainers", ps.trainers, "1 with dist.ps.servers=0 (trainers share parameters through servers)"
+        )
     _positive("dist.ps.geo_k_steps", ps.geo_k_steps)
     if cfg.amp.level != "O0":
         raise ConfigError("amp", cfg.amp.level, "O0 with dist.mode=ps (parameter-server jobs train in float32)")
@@ -186,7 +208,11 @@ def _check_ps(cfg: Any) -> None:
     for width in cfg.model.hidden_layers:
         _positive("model.hidden_layers", width)
     if cfg.data.name == "criteo" and not (cfg.data.path and os.path.isfile(cfg.data.path)):
-        raise ConfigError("data.path", cfg.data.path, "an existing Criteo TSV file (label, I1..I13, C1..C26 per line) with data=criteo")
+        raise ConfigError(
+            "data.path",
+            cfg.data.path,
+            "an existing Criteo TSV file (label, I1..I13, C1..C26 per line) with data=criteo",
+        )
 
 
 def validate(cfg: Any) -> None:

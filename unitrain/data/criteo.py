@@ -75,7 +75,10 @@ def parse_lines(lines: Iterable[str], buckets: int, source: str = "data.path") -
     sparse: List[List[int]] = []
 
     def refuse(number: int, why: str) -> UnitrainError:
-        return UnitrainError(f"{source} is not allowed: line {number} {why}; Criteo rows are {FIELDS} tab-separated fields (label 0/1, I1..I13 integers or empty, C1..C26)")
+        return UnitrainError(
+            f"{source} is not allowed: line {number} {why}; Criteo rows are {FIELDS} tab-separated fields (label 0/1, "
+            "I1..I13 integers or empty, C1..C26)"
+        )
 
     for number, line in enumerate(lines, 1):
         fields = line.rstrip("\n").split("\t")
@@ -103,7 +106,11 @@ def parse_lines(lines: Iterable[str], buckets: int, source: str = "data.path") -
 def read_tsv(path: str, buckets: int, skip: int = 0, limit: int | None = None) -> CtrData:
     """Rows ``skip .. skip+limit`` of a Criteo TSV file (plain text, as Criteo distributes it)."""
     if not os.path.isfile(path):
-        raise ConfigError("data.path", path, "an existing Criteo TSV file (label, I1..I13, C1..C26 per line), e.g. the Kaggle set's train.txt")
+        raise ConfigError(
+            "data.path",
+            path,
+            "an existing Criteo TSV file (label, I1..I13, C1..C26 per line), e.g. the Kaggle set's train.txt",
+        )
 
     def wanted(f) -> Iterator[str]:
         for i, line in enumerate(f):
@@ -139,7 +146,11 @@ class Teacher:
         return np.maximum(np.floor(np.expm1(rng.normal(self.log_centre, 1.0, (n, DENSE_FEATURES)))), 0).astype(np.int64)
 
     def logits(self, log_counts: np.ndarray, values: np.ndarray) -> np.ndarray:
-        return self.bias + (log_counts - self.log_centre) @ self.dense_w + sum(self.value_w[s][values[:, s]] for s in range(SPARSE_SLOTS))
+        return (
+            self.bias
+            + (log_counts - self.log_centre) @ self.dense_w
+            + sum(self.value_w[s][values[:, s]] for s in range(SPARSE_SLOTS))
+        )
 
 
 def synthetic_lines(num_rows: int, seed: int, stream: int = TRAIN) -> List[str]:
@@ -160,7 +171,10 @@ def synthetic_lines(num_rows: int, seed: int, stream: int = TRAIN) -> List[str]:
         for i in range(keep):
             dense = ["" if missing_count[i, j] else str(counts[i, j]) for j in range(DENSE_FEATURES)]
             # Values written as Criteo writes them: 8 hex digits, here a hash of slot and index.
-            cats = ["" if missing_value[i, s] else f"{zlib.crc32(f'{seed}:{s}:{values[i, s]}'.encode()):08x}" for s in range(SPARSE_SLOTS)]
+            cats = [
+                "" if missing_value[i, s] else f"{zlib.crc32(f'{seed}:{s}:{values[i, s]}'.encode()):08x}"
+                for s in range(SPARSE_SLOTS)
+            ]
             lines.append("\t".join([str(int(labels[i])), *dense, *cats]))
     return lines
 

@@ -13,8 +13,8 @@ from typing import List, Optional, Protocol, Tuple
 
 import numpy as np
 
-from unitrain.errors import ConfigError
 from unitrain.data.fashion_mnist import FashionMNISTDataset
+from unitrain.errors import ConfigError
 from unitrain.registry import Registry
 
 Sample = Tuple[np.ndarray, np.int64]
@@ -26,6 +26,7 @@ class SampleSet(Protocol):
     def __len__(self) -> int: ...
 
     def __getitem__(self, index: int) -> Sample: ...
+
 
 # ImageNet statistics, as in the Paddle and torchvision reference transforms.
 IMAGENET_MEAN = np.array([0.485, 0.456, 0.406], dtype=np.float32).reshape(3, 1, 1)
@@ -39,7 +40,15 @@ class SyntheticDataset:
     #: RNG streams: training samples, class templates, held-out samples (augmentation uses 3).
     TRAIN, TEMPLATES, HELD_OUT = 0, 1, 2
 
-    def __init__(self, num_samples: int, image_size: int = 32, num_classes: int = 10, seed: int = 0, sample_delay_s: float = 0.0, stream: int = 0):
+    def __init__(
+        self,
+        num_samples: int,
+        image_size: int = 32,
+        num_classes: int = 10,
+        seed: int = 0,
+        sample_delay_s: float = 0.0,
+        stream: int = 0,
+    ):
         self.num_samples, self.image_size, self.num_classes, self.seed = num_samples, image_size, num_classes, seed
         self.sample_delay_s, self.stream = sample_delay_s, stream
 
@@ -68,7 +77,15 @@ class LearnableDataset(SyntheticDataset):
     # Pattern amplitude against unit-variance noise: learned within tens to hundreds of CPU steps, not at once.
     signal = 1.0
 
-    def __init__(self, num_samples: int, image_size: int = 32, num_classes: int = 10, seed: int = 0, sample_delay_s: float = 0.0, stream: int = 0):
+    def __init__(
+        self,
+        num_samples: int,
+        image_size: int = 32,
+        num_classes: int = 10,
+        seed: int = 0,
+        sample_delay_s: float = 0.0,
+        stream: int = 0,
+    ):
         super().__init__(num_samples, image_size, num_classes, seed, sample_delay_s, stream)
         templates = np.random.default_rng((seed, self.TEMPLATES)).standard_normal(
             (num_classes, 3, image_size, image_size), dtype=np.float32
@@ -86,7 +103,9 @@ class BadImageError(ConfigError):
     """An image file that cannot be decoded."""
 
     def __init__(self, file: str, reason: str):
-        super().__init__("data.path", file, f"a decodable image; this one fails: {reason}; remove it or set data.skip_bad_files=true")
+        super().__init__(
+            "data.path", file, f"a decodable image; this one fails: {reason}; remove it or set data.skip_bad_files=true"
+        )
 
 
 class ImageFolderDataset:
@@ -115,10 +134,16 @@ class ImageFolderDataset:
         ]
         if not self.samples:
             raise ConfigError(
-                key, path, f"a directory whose class sub-directories hold images ({', '.join(IMAGE_EXTENSIONS)}); none found"
+                key,
+                path,
+                f"a directory whose class sub-directories hold images ({', '.join(IMAGE_EXTENSIONS)}); none found",
             )
         if len(self.classes) < 2:
-            raise ConfigError(key, path, f"at least 2 class sub-directories (a classifier needs two classes); it has {len(self.classes)}")
+            raise ConfigError(
+                key,
+                path,
+                f"at least 2 class sub-directories (a classifier needs two classes); it has {len(self.classes)}",
+            )
         self.skipped: List[str] = []
         if skip_bad_files:
             good = [(f, label) for f, label in self.samples if self.decode_error(f) is None]
@@ -126,7 +151,9 @@ class ImageFolderDataset:
             self.samples = good
             if self.skipped:
                 logging.getLogger("unitrain").warning(
-                    "data.skip_bad_files: left out %d file(s) that do not decode, e.g. %s", len(self.skipped), self.skipped[0]
+                    "data.skip_bad_files: left out %d file(s) that do not decode, e.g. %s",
+                    len(self.skipped),
+                    self.skipped[0],
                 )
             if not self.samples:
                 raise ConfigError(key, path, "at least one image that decodes; none does")
@@ -184,7 +211,11 @@ class BadSampleGuard:
 
 def guard(loader, dataset, backend):
     """``loader`` as is, or wrapped in a BadSampleGuard when ``dataset`` may yield bad samples."""
-    return BadSampleGuard(loader, dataset, backend.to_numpy) if getattr(dataset, "may_yield_bad_samples", False) else loader
+    return (
+        BadSampleGuard(loader, dataset, backend.to_numpy)
+        if getattr(dataset, "may_yield_bad_samples", False)
+        else loader
+    )
 
 
 def skipped_files(dataset) -> List[str]:
@@ -221,7 +252,11 @@ def build_heldout_dataset(cfg, seed: int):
         train_classes = sorted(e.name for e in os.scandir(cfg.path) if e.is_dir())
         held_out = ImageFolderDataset(cfg.val_path, cfg.image_size, cfg.skip_bad_files, key="data.val_path")
         if held_out.classes != train_classes:
-            raise ConfigError("data.val_path", cfg.val_path, f"a directory with the same class sub-directories as data.path ({', '.join(train_classes)})")
+            raise ConfigError(
+                "data.val_path",
+                cfg.val_path,
+                f"a directory with the same class sub-directories as data.path ({', '.join(train_classes)})",
+            )
         return held_out
     if not cfg.val_samples:
         return None

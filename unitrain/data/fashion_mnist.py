@@ -23,7 +23,11 @@ FILES = {
 CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot")
 # Pixel statistics of the 60,000 training images (scaled to [0, 1]).
 MEAN, STD = 0.2860, 0.3530
-HOW_TO_GET = "a directory holding the four Fashion-MNIST IDX files (apt-get install dataset-fashion-mnist puts them in " + DEFAULT_PATH + ")"
+HOW_TO_GET = (
+    "a directory holding the four Fashion-MNIST IDX files (apt-get install dataset-fashion-mnist puts them in "
+    + DEFAULT_PATH
+    + ")"
+)
 
 
 def available(path: str = DEFAULT_PATH) -> bool:
@@ -48,12 +52,18 @@ def read_idx(folder: str, name: str) -> np.ndarray:
     except (OSError, EOFError) as err:
         raise ConfigError("data.path", folder, f"{HOW_TO_GET}; {os.path.basename(path)} is unreadable: {err}") from None
     if len(data) < 4 or data[0] != 0 or data[1] != 0 or data[2] != 0x08:
-        raise ConfigError("data.path", folder, f"{HOW_TO_GET}; {os.path.basename(path)} is not an IDX file of unsigned bytes")
+        raise ConfigError(
+            "data.path", folder, f"{HOW_TO_GET}; {os.path.basename(path)} is not an IDX file of unsigned bytes"
+        )
     rank = data[3]
     dims = tuple(int(d) for d in np.frombuffer(data, ">i4", count=rank, offset=4))
     offset = 4 + 4 * rank
     if len(data) - offset != int(np.prod(dims)):
-        raise ConfigError("data.path", folder, f"{HOW_TO_GET}; {os.path.basename(path)} is truncated ({len(data) - offset} of {int(np.prod(dims))} bytes)")
+        raise ConfigError(
+            "data.path",
+            folder,
+            f"{HOW_TO_GET}; {os.path.basename(path)} is truncated ({len(data) - offset} of {int(np.prod(dims))} bytes)",
+        )
     return np.frombuffer(data, np.uint8, offset=offset).reshape(dims)
 
 
@@ -67,7 +77,11 @@ def load_split(folder: str, split: str) -> Tuple[np.ndarray, np.ndarray]:
         images_name, labels_name = FILES[split]
         images, labels = read_idx(folder, images_name), read_idx(folder, labels_name)
         if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
-            raise ConfigError("data.path", folder, f"{HOW_TO_GET}; {split} images {images.shape} and labels {labels.shape} do not match")
+            raise ConfigError(
+                "data.path",
+                folder,
+                f"{HOW_TO_GET}; {split} images {images.shape} and labels {labels.shape} do not match",
+            )
         _CACHE[key] = images, labels
     return _CACHE[key]
 
@@ -78,7 +92,9 @@ class FashionMNISTDataset:
 
     num_classes = len(CLASSES)
 
-    def __init__(self, path: str | None = None, split: str = "train", image_size: int = 32, num_samples: int | None = None):
+    def __init__(
+        self, path: str | None = None, split: str = "train", image_size: int = 32, num_samples: int | None = None
+    ):
         self.path, self.split, self.image_size = path or DEFAULT_PATH, split, image_size
         if not os.path.isdir(self.path):
             raise ConfigError("data.path", self.path, HOW_TO_GET)

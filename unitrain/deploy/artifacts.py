@@ -48,7 +48,8 @@ class Artifact:
         return self.batch is None or self.batch == batch
 
     def describe(self) -> str:
-        return f"{self.name} ({self.framework} {self.format}, {'any batch' if self.batch is None else f'batch {self.batch}'})"
+        batch = "any batch" if self.batch is None else f"batch {self.batch}"
+        return f"{self.name} ({self.framework} {self.format}, {batch})"
 
 
 def stem(framework: str, batch: Optional[int]) -> str:
@@ -63,9 +64,14 @@ def read_manifest(directory: Path) -> Dict[str, Any]:
         manifest = json.loads(path.read_text())
         manifest["artifacts"]
     except FileNotFoundError:
-        raise ArtifactError(f"{directory} holds no exported models ({MANIFEST} is missing); export one with: python -m unitrain.export <run dir> --format native,onnx") from None
+        raise ArtifactError(
+            f"{directory} holds no exported models ({MANIFEST} is missing); export one with: python -m "
+            "unitrain.export <run dir> --format native,onnx"
+        ) from None
     except (OSError, ValueError, KeyError, TypeError) as err:
-        raise ArtifactError(f"{path} is unreadable or incomplete ({type(err).__name__}: {err}); export again into a new --out directory") from None
+        raise ArtifactError(
+            f"{path} is unreadable or incomplete ({type(err).__name__}: {err}); export again into a new --out directory"
+        ) from None
     return manifest
 
 
@@ -86,7 +92,10 @@ def locate(spec: str) -> Tuple[Path, List[Artifact]]:
     directory (its ``export/``), or one artifact file listed in the manifest beside it."""
     path = Path(spec)
     if not path.exists():
-        raise ArtifactError(f"{spec!r} does not exist; allowed: an export directory, a run directory with export/, or an exported model file")
+        raise ArtifactError(
+            f"{spec!r} does not exist; allowed: an export directory, a run directory with export/, or an exported "
+            "model file"
+        )
     if path.is_dir():
         directory = path if (path / MANIFEST).exists() or not (path / "export").is_dir() else path / "export"
         manifest = read_manifest(directory)
@@ -96,11 +105,17 @@ def locate(spec: str) -> Tuple[Path, List[Artifact]]:
         manifest = read_manifest(directory)
         found = [a for a in artifacts_of(directory, manifest) if path.name in a.files]
         if not found:
-            raise ArtifactError(f"{spec!r} is not listed in {directory / MANIFEST}; allowed: a model that python -m unitrain.export wrote")
+            raise ArtifactError(
+                f"{spec!r} is not listed in {directory / MANIFEST}; allowed: a model that python -m unitrain.export "
+                "wrote"
+            )
     for artifact in found:
         missing = [f for f in artifact.files if not (directory / f).is_file()]
         if missing:
-            raise ArtifactError(f"{artifact.name} is listed in {directory / MANIFEST} but {', '.join(missing)} is missing; export it again")
+            raise ArtifactError(
+                f"{artifact.name} is listed in {directory / MANIFEST} but {', '.join(missing)} is missing; export it "
+                "again"
+            )
     return directory, found
 
 
@@ -118,9 +133,9 @@ def held_out(cfg, samples: int) -> Tuple[Any, str]:
         return dataset, f"held-out set of data={cfg.data.name} ({len(dataset)} samples)"
     cls = DATASETS.get(cfg.data.name)
     if issubclass(cls, SyntheticDataset):
-        return cls(samples, cfg.data.image_size, cfg.data.num_classes, cfg.trainer.seed, 0.0, SyntheticDataset.HELD_OUT), (
-            f"{samples} samples from data={cfg.data.name}'s held-out stream"
-        )
+        return cls(
+            samples, cfg.data.image_size, cfg.data.num_classes, cfg.trainer.seed, 0.0, SyntheticDataset.HELD_OUT
+        ), (f"{samples} samples from data={cfg.data.name}'s held-out stream")
     from unitrain.data.datasets import build_dataset
 
     dataset = build_dataset(cfg.data, default_size=samples, seed=cfg.trainer.seed)

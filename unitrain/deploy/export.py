@@ -105,7 +105,9 @@ def tile(images: np.ndarray, size: int) -> np.ndarray:
     return np.ascontiguousarray(np.resize(images, (size, *images.shape[1:])) if size > len(images) else images[:size])
 
 
-def _check(source: Source, target: Target, fmt: str, batch: Optional[int], images: np.ndarray, file: Path) -> Dict[int, Dict[str, float]]:
+def _check(
+    source: Source, target: Target, fmt: str, batch: Optional[int], images: np.ndarray, file: Path
+) -> Dict[int, Dict[str, float]]:
     """The artifact's logits against the checkpoint's, at its batch size (any batch: 1 and N)."""
     checks = {}
     for size in [1, len(images)] if batch is None else [batch]:
@@ -148,7 +150,8 @@ def export_one(
         if worst > tolerance:
             raise ExportCheckError(
                 f"{files[0].name} computes something else than the checkpoint: largest |logit difference| "
-                f"{entry['max_abs_diff']:.3g} ({worst:.3g} of the largest logit, allowed {tolerance:g}), top-1 agreement "
+                f"{entry['max_abs_diff']:.3g} ({worst:.3g} of the largest logit, allowed {tolerance:g}), top-1 "
+                "agreement "
                 f"{agreement:.1%}; it was not kept"
             )
         _move_into(files, out)
@@ -168,25 +171,44 @@ def _move_into(files: List[Path], out: Path) -> None:
 def _export_dir(out: Optional[str], checkpoint: Path, origin: Dict[str, Any]) -> Path:
     out_dir = Path(out) if out else checkpoint_run_dir(checkpoint) / "export"
     if out_dir.exists() and not out_dir.is_dir():
-        raise UnitrainError(f"--out={str(out_dir)!r} is not allowed: it is a file; allowed: a directory (created if missing)")
+        raise UnitrainError(
+            f"--out={str(out_dir)!r} is not allowed: it is a file; allowed: a directory (created if missing)"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     if (out_dir / artifacts.MANIFEST).exists():
         earlier = artifacts.read_manifest(out_dir)["source"]["checkpoint"]
         if earlier != origin["checkpoint"]:
-            raise UnitrainError(f"{out_dir} holds models exported from {earlier}; allowed: a new --out directory for {checkpoint}")
+            raise UnitrainError(
+                f"{out_dir} holds models exported from {earlier}; allowed: a new --out directory for {checkpoint}"
+            )
     return out_dir
 
 
 def export(
-    spec: str, formats: List[str], targets: Optional[List[str]], batches: List[Optional[int]], out: Optional[str], tolerance: float = TOLERANCE
+    spec: str,
+    formats: List[str],
+    targets: Optional[List[str]],
+    batches: List[Optional[int]],
+    out: Optional[str],
+    tolerance: float = TOLERANCE,
 ) -> Path:
     path = find_checkpoint(spec, [Path.cwd() / "runs", Path.cwd() / "multirun"], key="checkpoint")
     meta = read_meta(path)
     cfg = artifacts.job_config(meta["config"])
     data, data_description = artifacts.held_out(cfg, CHECK_SAMPLES)
     images, _ = artifacts.stack(data, range(CHECK_SAMPLES))
-    source = Source(framework=meta["framework"], model=meta["model"], classes=artifacts.num_classes(cfg, data), arrays=read_model_arrays(path))
-    origin = {"checkpoint": str(path.resolve()), "framework": meta["framework"], "model": meta["model"], "step": meta["step"]}
+    source = Source(
+        framework=meta["framework"],
+        model=meta["model"],
+        classes=artifacts.num_classes(cfg, data),
+        arrays=read_model_arrays(path),
+    )
+    origin = {
+        "checkpoint": str(path.resolve()),
+        "framework": meta["framework"],
+        "model": meta["model"],
+        "step": meta["step"],
+    }
     out_dir = _export_dir(out, path, origin)
     if (out_dir / artifacts.MANIFEST).exists():
         manifest = artifacts.read_manifest(out_dir)

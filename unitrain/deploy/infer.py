@@ -16,15 +16,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
-
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from unitrain.deploy import artifacts
+from unitrain.deploy.runtimes import accuracy, runtimes_for, time_runtime
 from unitrain.errors import UnitrainError
 from unitrain.host.atomic import replace_text
-from unitrain.deploy.runtimes import accuracy, runtimes_for, time_runtime
 from unitrain.host.machine import cpu
+from unitrain.host.processes import die_with_parent
 from unitrain.report.inference import markdown, plot
 
 RESULT = "inference.json"
@@ -33,17 +34,21 @@ RESULT = "inference.json"
 # --- one process per artifact -----------------------------------------------------------------
 def worker(spec_file: str) -> int:
     """Runs in a child process: every runtime of one artifact; writes a JSON list of rows."""
-    from unitrain.host.processes import die_with_parent
-
     die_with_parent()
     spec = json.loads(Path(spec_file).read_text())
-    artifact = artifacts.Artifact(Path(spec["directory"]), spec["name"], spec["framework"], spec["format"], tuple(spec["files"]), spec["batch"])
+    artifact = artifacts.Artifact(
+        Path(spec["directory"]), spec["name"], spec["framework"], spec["format"], tuple(spec["files"]), spec["batch"]
+    )
     cfg = artifacts.job_config(spec["config"])
     dataset, _ = artifacts.held_out(cfg, spec["eval_samples"] or 512)
     samples = min(spec["eval_samples"] or len(dataset), len(dataset))
     rows = []
     for runtime in runtimes_for(artifact, spec["threads"]):
-        row: Dict[str, Any] = {"runtime": runtime.name, "baseline_runtime": runtime.baseline or runtime.name, "latency": {}}
+        row: Dict[str, Any] = {
+            "runtime": runtime.name,
+            "baseline_runtime": runtime.baseline or runtime.name,
+            "latency": {},
+        }
         try:
             started = time.perf_counter()
             runtime.load()
@@ -51,7 +56,9 @@ def worker(spec_file: str) -> int:
             for batch in spec["batches"]:
                 if artifact.accepts(batch):
                     images, _ = artifacts.stack(dataset, range(batch))
-                    row["latency"][str(batch)] = time_runtime(runtime, images, spec["warmup"], spec["min_iters"], spec["min_time_s"])
+                    row["latency"][str(batch)] = time_runtime(
+                        runtime, images, spec["warmup"], spec["min_iters"], spec["min_time_s"]
+                    )
             eval_batch = artifact.batch or max(spec["batches"])
             row["accuracy"] = accuracy(runtime, dataset, samples, eval_batch, fixed=artifact.batch is not None)
             row["observed"] = runtime.observed()
@@ -69,29 +76,46 @@ ROW_PREFIX = "  | "
 def _row_line(name: str, row: Dict[str, Any]) -> str:
     if "error" in row:
         return f"{ROW_PREFIX}{row['runtime']:<34} {name}: FAILED: {row['error']}"
-    cells = ", ".join(f"batch {b}: p50 {v['p50_ms']:.2f} ms, {v['throughput_ips']:.0f} img/s" for b, v in row["latency"].items())
+    cells = ", ".join(
+        f"batch {b}: p50 {v['p50_ms']:.2f} ms, {v['throughput_ips']:.0f} img/s" for b, v in row["latency"].items()
+    )
     return f"{ROW_PREFIX}{row['runtime']:<34} {name}: {cells}; held-out top-1 {row['accuracy']['top1']:.4f}"
 
 
-def _run_artifact(artifact: artifacts.Artifact, manifest: Dict[str, Any], options: Dict[str, Any], workdir: Path) -> List[Dict[str, Any]]:
+def _run_artifact(
+    artifact: artifacts.Artifact, manifest: Dict[str, Any], options: Dict[str, Any], workdir: Path
+) -> List[Dict[str, Any]]:
     spec = {
-        "directory": str(artifact.directory), "name": artifact.name, "framework": artifact.framework, "format": artifact.format,
-        "files": list(artifact.files), "batch": artifact.batch, "config": manifest["config"], "result": str(workdir / f"{artifact.name}.json"),
+        "directory": str(artifact.directory),
+        "name": artifact.name,
+        "framework": artifact.framework,
+        "format": artifact.format,
+        "files": list(artifact.files),
+        "batch": artifact.batch,
+        "config": manifest["config"],
+        "result": str(workdir / f"{artifact.name}.json"),
         **options,
-    }  # fmt: skip
+    }
     spec_file = workdir / f"{artifact.name}.spec.json"
     spec_file.write_text(json.dumps(spec))
     # Every runtime's OpenMP/MKL pool gets the same size, whichever library reads which variable.
-    env = {**os.environ, "OMP_NUM_THREADS": str(options["threads"]), "MKL_NUM_THREADS": str(options["threads"]), "GLOG_minloglevel": "2"}
-    from unitrain.host.processes import die_with_parent
-
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": str(options["threads"]),
+        "MKL_NUM_THREADS": str(options["threads"]),
+        "GLOG_minloglevel": "2",
+    }
     # The worker's rows are relayed as they come; what the frameworks print on import (Paddle's
     # OMP_NUM_THREADS advice for data-parallel training, say) is kept for a failure's message.
     with tempfile.TemporaryFile(mode="w+") as noise:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "unitrain.infer", "--worker", str(spec_file)], env=env, preexec_fn=die_with_parent,
-            stdout=subprocess.PIPE, stderr=noise, text=True,
-        )  # fmt: skip
+            [sys.executable, "-m", "unitrain.infer", "--worker", str(spec_file)],
+            env=env,
+            preexec_fn=die_with_parent,
+            stdout=subprocess.PIPE,
+            stderr=noise,
+            text=True,
+        )
         for line in proc.stdout:
             if line.startswith(ROW_PREFIX):
                 print(line, end="", flush=True)
@@ -102,33 +126,75 @@ def _run_artifact(artifact: artifacts.Artifact, manifest: Dict[str, Any], option
         said = [line.strip() for line in noise.read().splitlines() if line.strip()]
     if proc.returncode != 0 or not Path(spec["result"]).exists():
         last = f": {said[-1][:200]}" if said else ""
-        return [{"runtime": "(all)", "error": f"the worker process for {artifact.name} ended with exit status {proc.returncode}{last}", "latency": {}}]
+        return [
+            {
+                "runtime": "(all)",
+                "error": f"the worker process for {artifact.name} ended with exit status {proc.returncode}{last}",
+                "latency": {},
+            }
+        ]
     return json.loads(Path(spec["result"]).read_text())
 
 
-def benchmark(inputs: Sequence[str], batches: List[int], threads: int, out: Optional[str], eval_samples: int, warmup: int, min_iters: int, min_time_s: float) -> Path:
-    found = []
+@dataclass(frozen=True, kw_only=True)
+class Timing:
+    """How every runtime is timed and scored: the same for all of them."""
+
+    batches: List[int]  # latency at the smallest, throughput at the largest
+    threads: int
+    eval_samples: int = 0  # held-out samples for the accuracy column (0: all)
+    warmup: int = 5
+    min_iters: int = 20
+    min_time_s: float = 2.0
+
+
+def _artifacts_in(inputs: Sequence[str]) -> List[Tuple[artifacts.Artifact, Dict[str, Any]]]:
+    """Every artifact the inputs name, each once, with its manifest."""
+    found: List[Tuple[artifacts.Artifact, Dict[str, Any]]] = []
     for spec in inputs:
         directory, listed = artifacts.locate(spec)
         manifest = artifacts.read_manifest(directory)
-        found += [(a, manifest) for a in listed if (a.directory, a.name) not in {(b.directory, b.name) for b, _ in found}]
+        seen = {(b.directory, b.name) for b, _ in found}
+        found += [(a, manifest) for a in listed if (a.directory, a.name) not in seen]
+    return found
+
+
+def benchmark(inputs: Sequence[str], timing: Timing, out: Optional[str]) -> Path:
+    """Time and score every artifact in every runtime that reads it; inference.json, .md and .png."""
+    found = _artifacts_in(inputs)
     out_dir = _out_dir(out, [a for a, _ in found])
-    options = {"batches": batches, "threads": threads, "eval_samples": eval_samples, "warmup": warmup, "min_iters": min_iters, "min_time_s": min_time_s}
     rows = []
     with tempfile.TemporaryDirectory(prefix="unitrain-infer-") as tmp:
         for artifact, manifest in found:
-            print(f"{artifact.describe()} from {manifest['source']['framework']} {manifest['source']['model']} step {manifest['source']['step']}:", flush=True)
-            for row in _run_artifact(artifact, manifest, options, Path(tmp)):
-                rows.append({
-                    "artifact": str(artifact.path), "name": artifact.name, "framework": artifact.framework, "format": artifact.format,
-                    "artifact_batch": artifact.batch, "trained_with": manifest["source"]["framework"], "model": manifest["source"]["model"],
-                    **row,
-                })  # fmt: skip
+            source = manifest["source"]
+            print(
+                f"{artifact.describe()} from {source['framework']} {source['model']} step {source['step']}:", flush=True
+            )
+            for row in _run_artifact(artifact, manifest, asdict(timing), Path(tmp)):
+                rows.append(
+                    {
+                        "artifact": str(artifact.path),
+                        "name": artifact.name,
+                        "framework": artifact.framework,
+                        "format": artifact.format,
+                        "artifact_batch": artifact.batch,
+                        "trained_with": source["framework"],
+                        "model": source["model"],
+                        **row,
+                    }
+                )
     result = {
-        "time": datetime.datetime.now().isoformat(timespec="seconds"), "cpu": cpu(), "threads": threads, "batches": batches,
-        "warmup": warmup, "min_iters": min_iters, "min_time_s": min_time_s, "eval_samples": eval_samples or "all",
-        "timed": "one inference on an input already in the runtime's memory, logits read back as NumPy", "rows": rows,
-    }  # fmt: skip
+        "time": datetime.datetime.now().isoformat(timespec="seconds"),
+        "cpu": cpu(),
+        "threads": timing.threads,
+        "batches": timing.batches,
+        "warmup": timing.warmup,
+        "min_iters": timing.min_iters,
+        "min_time_s": timing.min_time_s,
+        "eval_samples": timing.eval_samples or "all",
+        "timed": "one inference on an input already in the runtime's memory, logits read back as NumPy",
+        "rows": rows,
+    }
     out_dir.mkdir(parents=True, exist_ok=True)
     replace_text(out_dir / RESULT, json.dumps(result, indent=2, default=str))
     (out_dir / "inference.md").write_text(markdown(result) + "\n")
@@ -140,7 +206,9 @@ def _out_dir(out: Optional[str], found: List[artifacts.Artifact]) -> Path:
     if out:
         path = Path(out)
         if (path / RESULT).exists():
-            raise UnitrainError(f"--out={out!r} already holds {RESULT}; allowed: a new directory (nothing is overwritten)")
+            raise UnitrainError(
+                f"--out={out!r} already holds {RESULT}; allowed: a new directory (nothing is overwritten)"
+            )
         if path.exists() and not path.is_dir():
             raise UnitrainError(f"--out={out!r} is a file; allowed: a directory (created if missing)")
         return path
@@ -148,17 +216,3 @@ def _out_dir(out: Optional[str], found: List[artifacts.Artifact]) -> Path:
     parents = {a.directory.resolve().parent for a in found}
     # Beside the export of one run (where unitrain.compare finds it), else under the current directory.
     return (parents.pop() if len(parents) == 1 else Path.cwd()) / "inference" / stamp
-
-
-
-
-
-
-
-
-
-
-
-
-
-

@@ -36,7 +36,7 @@ from unitrain.config.schema import QuantizeConfig
 from unitrain.data.datasets import build_dataset
 from unitrain.deploy import artifacts
 from unitrain.deploy.export import export
-from unitrain.deploy.infer import benchmark
+from unitrain.deploy.infer import Timing, benchmark
 from unitrain.deploy.onnx_quantize import quantize_onnx
 from unitrain.errors import ConfigError, UnitrainError
 from unitrain.host.atomic import replace_text
@@ -68,7 +68,9 @@ def _validate(cfg: QuantizeConfig) -> None:
         raise ConfigError("threads", cfg.threads, f"1 to {cores} (the CPUs this process may use)")
     if cfg.source is None:
         raise ConfigError(
-            "source", None, "a run directory, a checkpoint directory or latest: python -m unitrain.quantize <run dir> method=static"
+            "source",
+            None,
+            "a run directory, a checkpoint directory or latest: python -m unitrain.quantize <run dir> method=static",
         )
 
 
@@ -98,7 +100,8 @@ def calibration_batches(job_cfg: Any, count: Optional[int], batch: int) -> List[
         raise ConfigError(
             "calib_batches",
             count,
-            f"at most {len(dataset) // batch} batches of calib_batch_size={batch} (the training set holds {len(dataset)} images)",
+            f"at most {len(dataset) // batch} batches of calib_batch_size={batch} (the training set holds "
+            f"{len(dataset)} images)",
         )
     return [artifacts.stack(dataset, range(i * batch, (i + 1) * batch))[0] for i in range(count)]
 
@@ -175,7 +178,13 @@ def quantize(cfg: QuantizeConfig, out_dir: Path) -> Dict[str, Any]:
     q.backend.set_threads(q.threads)
     int8_dir = out_dir / "int8"
     int8_dir.mkdir(parents=True, exist_ok=True)
-    manifest = {"source": fp32["source"], "config": fp32["config"], "check_data": fp32["check_data"], "artifacts": {}, "cpu": cpu()}
+    manifest = {
+        "source": fp32["source"],
+        "config": fp32["config"],
+        "check_data": fp32["check_data"],
+        "artifacts": {},
+        "cpu": cpu(),
+    }
     how = q.settings()
     weights = convert(read_model_arrays(q.checkpoint), meta["framework"], q.framework)
     if cfg.method == "qat":
@@ -208,7 +217,9 @@ def _post_training(q: Quantization, weights: Arrays, int8_dir: Path) -> Saved:
     )
 
 
-def _onnx_runtime_row(q: Quantization, fp32_dir: Path, fp32: Dict[str, Any], int8_dir: Path, manifest: Dict[str, Any], how: Dict[str, Any]) -> None:
+def _onnx_runtime_row(
+    q: Quantization, fp32_dir: Path, fp32: Dict[str, Any], int8_dir: Path, manifest: Dict[str, Any], how: Dict[str, Any]
+) -> None:
     source = next(fp32_dir / name for name, e in fp32["artifacts"].items() if e["format"] == "onnx")
     # ONNX Runtime cannot train: for qat its row is static PTQ of the fp32 model, named so.
     method = "static" if q.cfg.method == "qat" else q.cfg.method
@@ -228,16 +239,26 @@ def _onnx_runtime_row(q: Quantization, fp32_dir: Path, fp32: Dict[str, Any], int
     artifacts.write_manifest(int8_dir, manifest)
 
 
-def _measure(q: Quantization, fp32_dir: Path, fp32: Dict[str, Any], int8_dir: Path, manifest: Dict[str, Any], how: Dict[str, Any]) -> Dict[str, Any]:
+def _measure(
+    q: Quantization, fp32_dir: Path, fp32: Dict[str, Any], int8_dir: Path, manifest: Dict[str, Any], how: Dict[str, Any]
+) -> Dict[str, Any]:
     """Every artifact timed and scored in every runtime; quantize.json, .md and .png written."""
     cfg, out_dir = q.cfg, q.out_dir
     print("timing and scoring every artifact in every runtime (one process each) ...", flush=True)
-    batches = sorted(set(cfg.batches))
-    inference_dir = benchmark(
-        [str(fp32_dir), str(int8_dir)], batches, q.threads, str(out_dir / "inference"), cfg.eval_samples, cfg.warmup, cfg.min_iters, cfg.min_time_s
+    timing = Timing(
+        batches=sorted(set(cfg.batches)),
+        threads=q.threads,
+        eval_samples=cfg.eval_samples,
+        warmup=cfg.warmup,
+        min_iters=cfg.min_iters,
+        min_time_s=cfg.min_time_s,
     )
+    inference_dir = benchmark([str(fp32_dir), str(int8_dir)], timing, str(out_dir / "inference"))
     timed = json.loads((inference_dir / "inference.json").read_text())
-    sizes = {**{n: e["bytes"] for n, e in fp32["artifacts"].items()}, **{n: e["bytes"] for n, e in manifest["artifacts"].items()}}
+    sizes = {
+        **{n: e["bytes"] for n, e in fp32["artifacts"].items()},
+        **{n: e["bytes"] for n, e in manifest["artifacts"].items()},
+    }
     methods = {n: e["method"] for n, e in manifest["artifacts"].items()}
     report = {
         "source": fp32["source"],
@@ -264,9 +285,20 @@ def qat_job_config(q: Quantization) -> Any:
     qat = OmegaConf.merge(job, {})
     qat.backend.name = q.framework
     qat.amp.level = "O0"
-    qat.trainer.update(steps=cfg.qat.steps, epochs=1, checkpoint_every=0, eval_every=0, resume=None, repeats=1, threads=q.threads, loggers=[])
+    qat.trainer.update(
+        steps=cfg.qat.steps,
+        epochs=1,
+        checkpoint_every=0,
+        eval_every=0,
+        resume=None,
+        repeats=1,
+        threads=q.threads,
+        loggers=[],
+    )
     qat.dist.nproc_per_node, qat.dist.nnodes = 1, 1
-    qat.optim.update(lr=cfg.qat.lr if cfg.qat.lr is not None else job.optim.lr * 0.01, warmup_steps=0, schedule="constant")
+    qat.optim.update(
+        lr=cfg.qat.lr if cfg.qat.lr is not None else job.optim.lr * 0.01, warmup_steps=0, schedule="constant"
+    )
     qat.profiler.mode = "timer"
     return qat
 
@@ -285,9 +317,18 @@ def quantization_aware_training(q: Quantization, weights: Arrays, int8_dir: Path
     run_dir = q.out_dir / "qat"
     run_dir.mkdir(parents=True, exist_ok=True)
     qat_cfg = qat_job_config(q)
-    print(f"quantization-aware training in {q.framework}: {q.cfg.qat.steps} steps at lr {qat_cfg.optim.lr:g} ...", flush=True)
+    print(
+        f"quantization-aware training in {q.framework}: {q.cfg.qat.steps} steps at lr {qat_cfg.optim.lr:g} ...",
+        flush=True,
+    )
     summary = Trainer(qat_cfg, q.backend, run_dir, q.threads, prepare_model=prepare).fit()
     saved = q.toolkit.save_qat(prepared[0], int8_dir / q.stem, example, q.cfg.batches)
     final = summary.get("final") or {}
-    record = {"steps": summary["steps"], "lr": qat_cfg.optim.lr, "final_loss": final.get("loss"), "held_out": summary.get("eval"), "run_dir": "qat"}
+    record = {
+        "steps": summary["steps"],
+        "lr": qat_cfg.optim.lr,
+        "final_loss": final.get("loss"),
+        "held_out": summary.get("eval"),
+        "run_dir": "qat",
+    }
     return saved, record

@@ -15,25 +15,22 @@ from unitrain.errors import UnitrainError
 from unitrain.interface.backend import get_backend
 from unitrain.interface.infer import Runtime, infer_module
 
-
 #: ONNX Runtime operators that compute in integers (static: QLinear*, QGemm; dynamic:
 #: ConvInteger, MatMulInteger and its fused form), and the float ones they replace.
 ORT_INT8 = {"QLinearConv", "QLinearMatMul", "QGemm", "ConvInteger", "MatMulInteger", "DynamicQuantizeMatMul"}
 
 
-
 ORT_FLOAT = {"Conv", "FusedConv", "Gemm", "FusedGemm", "MatMul", "FusedMatMul"}
-
 
 
 def onnx_kernels(op_types: List[str]) -> Dict[str, int]:
     """Integer and float conv/linear kernels, activation quantize and weight dequantize ops."""
     return {
-        "int8": sum(op in ORT_INT8 for op in op_types), "float": sum(op in ORT_FLOAT for op in op_types),
+        "int8": sum(op in ORT_INT8 for op in op_types),
+        "float": sum(op in ORT_FLOAT for op in op_types),
         "quantize": sum(op in ("QuantizeLinear", "DynamicQuantizeLinear") for op in op_types),
         "dequantize": op_types.count("DequantizeLinear"),
-    }  # fmt: skip
-
+    }
 
 
 def onnx_session(path: Path, threads: Optional[int], optimize: bool = True, optimized_copy: Optional[Path] = None):
@@ -41,21 +38,24 @@ def onnx_session(path: Path, threads: Optional[int], optimize: bool = True, opti
     try:
         import onnxruntime as ort
     except ImportError:
-        raise UnitrainError("running ONNX models needs onnxruntime, which is not installed; install it with: pip install 'unitrain[export]'") from None
+        raise UnitrainError(
+            "running ONNX models needs onnxruntime, which is not installed; install it with: pip install "
+            "'unitrain[export]'"
+        ) from None
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if threads:
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.graph_optimization_level = (
+        ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize else ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    )
     if optimized_copy:
         options.optimized_model_filepath = str(optimized_copy)
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-
 def run_onnx(session, images: np.ndarray) -> np.ndarray:
     return session.run(None, {session.get_inputs()[0].name: np.ascontiguousarray(images, dtype=np.float32)})[0]
-
 
 
 class OnnxRuntime(Runtime):
@@ -87,7 +87,6 @@ class OnnxRuntime(Runtime):
         }
 
 
-
 def runtimes_for(artifact: artifacts.Artifact, threads: int) -> List[Runtime]:
     if artifact.format == "onnx":
         return [OnnxRuntime(artifact.path, threads)]
@@ -95,9 +94,10 @@ def runtimes_for(artifact: artifacts.Artifact, threads: int) -> List[Runtime]:
     return infer_module(artifact.framework).runtimes(artifact.path, threads)
 
 
-
 # --- the clock --------------------------------------------------------------------------------
-def time_runtime(runtime: Runtime, images: np.ndarray, warmup: int, min_iters: int, min_time_s: float) -> Dict[str, float]:
+def time_runtime(
+    runtime: Runtime, images: np.ndarray, warmup: int, min_iters: int, min_time_s: float
+) -> Dict[str, float]:
     """Latency percentiles and throughput of ``runtime`` on one batch; warm-up not counted."""
     prepared = runtime.prepare(images)
     started = time.perf_counter()
@@ -112,10 +112,13 @@ def time_runtime(runtime: Runtime, images: np.ndarray, warmup: int, min_iters: i
         times.append(time.perf_counter() - t0)
     ms = np.array(times) * 1e3
     return {
-        "p50_ms": float(np.percentile(ms, 50)), "p90_ms": float(np.percentile(ms, 90)), "p99_ms": float(np.percentile(ms, 99)),
-        "iters": len(times), "throughput_ips": float(len(images) * len(times) / (ms.sum() / 1e3)), "warmup_s": round(warmup_s, 3),
-    }  # fmt: skip
-
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p90_ms": float(np.percentile(ms, 90)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "iters": len(times),
+        "throughput_ips": float(len(images) * len(times) / (ms.sum() / 1e3)),
+        "warmup_s": round(warmup_s, 3),
+    }
 
 
 def accuracy(runtime: Runtime, dataset, samples: int, batch: int, fixed: bool) -> Dict[str, float]:
@@ -130,4 +133,3 @@ def accuracy(runtime: Runtime, dataset, samples: int, batch: int, fixed: bool) -
         logits = runtime.run(runtime.prepare(images))[: len(indices)]
         correct += int((np.asarray(logits).argmax(1) == labels).sum())
     return {"top1": correct / samples, "samples": samples}
-

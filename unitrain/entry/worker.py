@@ -1,8 +1,10 @@
-"""One data-parallel worker, started by paddle.distributed.launch or torchrun.
+"""One worker, started by paddle.distributed.launch or torchrun (or directly, for a sweep job).
 
 The main process hands over the resolved config as a file; the worker records its pid and
 its end (done, failed with a message, or terminated by the launcher) in
 ``<run_dir>/.workers/rank<r>.json`` so that the main process can name the rank that failed.
+The first status is written before anything of unitrain is imported, so that even a worker that
+fails to start is accounted for.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any, Callable, Optional
+
+Status = Callable[..., None]
 
 
 def _start_time(pid: int) -> str | None:
@@ -28,29 +33,51 @@ def _start_time(pid: int) -> str | None:
         return None
 
 
-def _status(run_dir: Path, rank: int, local_rank: int, **fields) -> None:
+def _status(run_dir: Path, rank: int, local_rank: int, **fields: Any) -> None:
     folder = run_dir / ".workers"
     folder.mkdir(exist_ok=True)
     tmp = folder / f".rank{rank}.json.tmp"
     # pid and start time: the main process signals this pid only while it is still this process.
-    record = {"rank": rank, "local_rank": local_rank, "pid": os.getpid(), "start": _start_time(os.getpid()), "time": time.time(), **fields}
+    record = {
+        "rank": rank,
+        "local_rank": local_rank,
+        "pid": os.getpid(),
+        "start": _start_time(os.getpid()),
+        "time": time.time(),
+        **fields,
+    }
     tmp.write_text(json.dumps(record))
     tmp.replace(folder / f"rank{rank}.json")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parent = os.getppid()
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", required=True, help="the resolved config (YAML) the main process wrote")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--rank-env", required=True, help="the variable the launcher sets to this worker's global rank")
-    parser.add_argument("--local-rank-env", required=True, help="the variable the launcher sets to its rank on this node")
-    parser.add_argument("--main-pid", type=int, help="the unitrain process this job belongs to: the worker ends when it is gone")
-    parser.add_argument("--main-start", help="its start time (/proc/<pid>/stat field 22), so that a reused pid does not count")
-    parser.add_argument("--workerlog", action="store_true", help="send this process's output to <run-dir>/workerlog.<local rank>")
-    parser.add_argument("--ps", nargs=3, metavar=("BACKEND", "SERVERS", "TRAINERS"), help="a parameter-server job: this process serves or trains")
-    args = parser.parse_args(argv)
-    run_dir = Path(args.run_dir)
+    parser.add_argument(
+        "--local-rank-env", required=True, help="the variable the launcher sets to its rank on this node"
+    )
+    parser.add_argument(
+        "--main-pid", type=int, help="the unitrain process this job belongs to: the worker ends when it is gone"
+    )
+    parser.add_argument(
+        "--main-start", help="its start time (/proc/<pid>/stat field 22), so that a reused pid does not count"
+    )
+    parser.add_argument(
+        "--workerlog", action="store_true", help="send this process's output to <run-dir>/workerlog.<local rank>"
+    )
+    parser.add_argument(
+        "--ps",
+        nargs=3,
+        metavar=("BACKEND", "SERVERS", "TRAINERS"),
+        help="a parameter-server job: this process serves or trains",
+    )
+    return parser.parse_args(argv)
+
+
+def _identity(args: argparse.Namespace) -> tuple[Optional[Any], Status, str]:
+    """This worker's role (parameter server jobs), its status writer and its log file's name."""
     rank, local_rank = int(os.environ.get(args.rank_env, "0")), int(os.environ.get(args.local_rank_env, "0"))
     # Numbered by rank on this node, as paddle.distributed.launch numbers its logs.
     log_name, role = f"workerlog.{local_rank}", None
@@ -61,65 +88,84 @@ def main(argv: list[str] | None = None) -> int:
         rank = local_rank = role.rank
         log_name = role.log_file
     named = {"name": role.name, "log": role.log_file} if role else {}
-    status = functools.partial(_status, run_dir, rank, local_rank, **named)
+    return role, functools.partial(_status, Path(args.run_dir), rank, local_rank, **named), log_name
 
-    if args.workerlog:
+
+def _log_to(run_dir: Path, log_name: Optional[str]) -> None:
+    """unitrain's records at INFO, into ``log_name`` in the run directory when given."""
+    if log_name:
         log_file = open(run_dir / log_name, "a", buffering=1)
         os.dup2(log_file.fileno(), 1)
         os.dup2(log_file.fileno(), 2)
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s", stream=sys.stdout, force=True)
+    logging.basicConfig(
+        level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s", stream=sys.stdout, force=True
+    )
     # unitrain's own level: importing paddle 3.0.0 lowers the root logger to WARNING.
     logging.getLogger("unitrain").setLevel(logging.INFO)
 
-    def on_sigterm(signum, frame):
+
+def _tie_to_main_process(args: argparse.Namespace, parent: int, status: Status) -> None:
+    """The kernel ends this worker with its parent (the launcher, or the main process), and the
+    watchdog with the main process, however either ends."""
+    from unitrain.host import processes
+
+    processes.die_with_parent()
+    if not args.main_pid:
+        return
+
+    def on_main_gone() -> None:
+        status(status="terminated", error="the unitrain main process ended")
+        os._exit(128 + signal.SIGKILL)
+
+    # The start time the main process read of itself; read here only if it did not pass it
+    # (then a pid reused before this line would pass for the main process).
+    main_started = args.main_start or processes.start_time(args.main_pid)
+    # The parent may have ended before prctl took effect: then no signal will ever come.
+    if os.getppid() != parent or main_started is None or processes.start_time(args.main_pid) != main_started:
+        on_main_gone()
+    processes.watch(args.main_pid, main_started, on_main_gone)
+
+
+def _run(args: argparse.Namespace, role: Optional[Any], on_sigterm: Callable) -> None:
+    from omegaconf import OmegaConf
+
+    from unitrain.config.schema import UnitrainConfig
+    from unitrain.host.threads import export_threads, resolve_threads
+    from unitrain.interface.backend import get_backend
+    from unitrain.ps.job import run_process
+    from unitrain.train.trainer import train
+
+    cfg = OmegaConf.merge(OmegaConf.structured(UnitrainConfig), OmegaConf.load(args.config))
+    per_node = cfg.dist.ps.servers + cfg.dist.ps.trainers if role else cfg.dist.nproc_per_node
+    export_threads(resolve_threads(cfg.trainer.threads, max(1, per_node)))
+    get_backend(cfg.backend.name)
+    # Importing paddle installs its own C++ SIGTERM handler, which dumps a stack and never
+    # records that the launcher stopped this rank: take the signal back.
+    signal.signal(signal.SIGTERM, on_sigterm)
+    if role:
+        run_process(cfg, Path(args.run_dir), role)
+    else:
+        train(cfg, Path(args.run_dir))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parent = os.getppid()
+    args = _arguments(argv)
+    role, status, log_name = _identity(args)
+    _log_to(Path(args.run_dir), log_name if args.workerlog else None)
+
+    def on_sigterm(signum: int, frame: Any) -> None:
         status(status="terminated")
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
     status(status="running")
-
-    from unitrain.host import processes
-
-    # The kernel ends this worker with its parent (the launcher, or the main process), and the
-    # watchdog with the main process, however either ends.
-    processes.die_with_parent()
-    if args.main_pid:
-
-        def on_main_gone() -> None:
-            status(status="terminated", error="the unitrain main process ended")
-            os._exit(128 + signal.SIGKILL)
-
-        # The start time the main process read of itself; read here only if it did not pass it
-        # (then a pid reused before this line would pass for the main process).
-        main_started = args.main_start or processes.start_time(args.main_pid)
-        # The parent may have ended before prctl took effect: then no signal will ever come.
-        if os.getppid() != parent or main_started is None or processes.start_time(args.main_pid) != main_started:
-            on_main_gone()
-        processes.watch(args.main_pid, main_started, on_main_gone)
+    _tie_to_main_process(args, parent, status)
 
     from unitrain.errors import NothingLeftToRun, UnitrainError
 
     try:
-        from omegaconf import OmegaConf
-
-        from unitrain.interface.backend import get_backend
-        from unitrain.config.schema import UnitrainConfig
-        from unitrain.host.threads import export_threads, resolve_threads
-        from unitrain.train.trainer import train
-
-        cfg = OmegaConf.merge(OmegaConf.structured(UnitrainConfig), OmegaConf.load(args.config))
-        per_node = cfg.dist.ps.servers + cfg.dist.ps.trainers if role else cfg.dist.nproc_per_node
-        export_threads(resolve_threads(cfg.trainer.threads, max(1, per_node)))
-        get_backend(cfg.backend.name)
-        # Importing paddle installs its own C++ SIGTERM handler, which dumps a stack and never
-        # records that the launcher stopped this rank: take the signal back.
-        signal.signal(signal.SIGTERM, on_sigterm)
-        if role:
-            from unitrain.ps.job import run_process
-
-            run_process(cfg, run_dir, role)
-        else:
-            train(cfg, run_dir)
+        _run(args, role, on_sigterm)
     except NothingLeftToRun as err:
         print(f"unitrain: {err}", flush=True)
         status(status="done", nothing_left=str(err))

@@ -13,7 +13,18 @@ import platform
 from typing import Dict, List
 
 #: The extensions that decide vectorised fp32, int8 and bf16 speed, as /proc/cpuinfo names them.
-FLAGS = ("avx2", "fma", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+FLAGS = (
+    "avx2",
+    "fma",
+    "avx512f",
+    "avx512bw",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+)
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,7 +53,13 @@ def cpu() -> Dict[str, object]:
 
 #: Variables that choose which kernels the math libraries run, and so the order of their sums:
 #: results that agree only to rounding (parity) differ with them, as with the CPU's extensions.
-KERNEL_ENV = ("MKL_DEBUG_CPU_TYPE", "MKL_ENABLE_INSTRUCTIONS", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+KERNEL_ENV = (
+    "MKL_DEBUG_CPU_TYPE",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "ONEDNN_MAX_CPU_ISA",
+    "DNNL_MAX_CPU_ISA",
+    "ATEN_CPU_CAPABILITY",
+)
 
 
 def kernel_env() -> Dict[str, str]:
@@ -53,5 +70,6 @@ def kernel_env() -> Dict[str, str]:
 def describe_cpu(c: Dict[str, object], env: Dict[str, str]) -> str:
     """One line from a recorded :func:`cpu` and :func:`kernel_env`: model, logical CPUs,
     extensions, and the kernel-choosing variables that were set."""
-    line = f"{c['model']}, {c['logical_cpus']} logical CPUs, extensions: {', '.join(c['extensions'] or ()) or 'none of AVX2/AVX-512/VNNI/AMX/bf16'}"
+    extensions = ", ".join(c["extensions"] or ()) or "none of AVX2/AVX-512/VNNI/AMX/bf16"
+    line = f"{c['model']}, {c['logical_cpus']} logical CPUs, extensions: {extensions}"
     return line + (f"; {', '.join(f'{k}={v}' for k, v in env.items())}" if env else "")

@@ -3,10 +3,9 @@
 glibc adapts its mmap and trim thresholds to the sizes a process has freed so far. A training
 step frees and reallocates the same activation buffers every step; depending on what the process
 did before the loop, glibc either keeps that memory or hands it back to the kernel and faults it
-in again, page by page, on the next step. A unitrain torch ResNet50 64x64 step took 14-25
-thousand page faults where a hand-written script took 10-14 thousand, and ran 1.06x slower;
-with both thresholds fixed, both took none and ran alike (benchmarks/results/malloc/). Fixing
-them makes the step cost independent of the process's history, the same for both frameworks.
+in again, page by page, on the next step: the same step then costs more in one process than in
+another (benchmarks/README.md, "glibc's malloc thresholds"). Fixing both thresholds makes the
+step cost independent of the process's history, the same for both frameworks.
 """
 
 from __future__ import annotations

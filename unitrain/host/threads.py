@@ -24,8 +24,8 @@ def resolve_threads(threads: int | None, procs_per_node: int = 1) -> int:
 def export_threads(threads: int) -> None:
     """Export the count for OpenMP/MKL, which read it once when a framework loads.
 
-    Paddle and torch default to different counts (paddle ran ~1.7x slower than it could
-    here); each backend also sets it through its own API.
+    Paddle and torch default to different counts, which would compare thread pools rather than
+    frameworks; each backend also sets it through its own API.
     """
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)

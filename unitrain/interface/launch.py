@@ -74,5 +74,3 @@ def not_joined_error(dist: DistConfig) -> UnitrainError:
 
 def launch_module(backend: str) -> LaunchModule:
     return cast(LaunchModule, modules.load(backend, "launch"))
-
-

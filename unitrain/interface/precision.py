@@ -26,13 +26,20 @@ DEFAULT_BLACK_LIST = frozenset({"softmax"})
 
 def op_lists(cfg: AmpConfig) -> Tuple[FrozenSet[str], FrozenSet[str]]:
     """(white, black) for O1: the defaults with the custom lists on top (a custom entry wins)."""
-    for key, names in (("amp.custom_white_list", cfg.custom_white_list), ("amp.custom_black_list", cfg.custom_black_list)):
+    for key, names in (
+        ("amp.custom_white_list", cfg.custom_white_list),
+        ("amp.custom_black_list", cfg.custom_black_list),
+    ):
         for name in names:
             if name not in OP_NAMES:
                 raise ConfigError(key, list(names), f"op names from {', '.join(OP_NAMES)}")
     custom_white, custom_black = frozenset(cfg.custom_white_list), frozenset(cfg.custom_black_list)
     if custom_white & custom_black:
-        raise ConfigError("amp.custom_black_list", sorted(custom_black), f"no op also on amp.custom_white_list ({', '.join(sorted(custom_white & custom_black))})")
+        raise ConfigError(
+            "amp.custom_black_list",
+            sorted(custom_black),
+            f"no op also on amp.custom_white_list ({', '.join(sorted(custom_white & custom_black))})",
+        )
     return (DEFAULT_WHITE_LIST - custom_black) | custom_white, (DEFAULT_BLACK_LIST - custom_white) | custom_black
 
 

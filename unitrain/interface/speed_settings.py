@@ -35,7 +35,11 @@ class SpeedSettings:
         self.device = device
         unknown = [name for name in chosen or () if name not in self.SETTINGS]
         if unknown:
-            raise ConfigError("backend.tuned_settings", list(chosen), f"names from {', '.join(self.SETTINGS) or 'nothing (no settings)'}, or null for the defaults")
+            raise ConfigError(
+                "backend.tuned_settings",
+                list(chosen),
+                f"names from {', '.join(self.SETTINGS) or 'nothing (no settings)'}, or null for the defaults",
+            )
         # Settings the framework documents for this device but that were left out, and why.
         self.skipped: Dict[str, str] = {**self.not_offered(device), **(self.left_out(device) if chosen is None else {})}
         self.chosen = [name for name in (chosen if chosen is not None else self.SETTINGS) if name not in self.skipped]
@@ -77,7 +81,9 @@ def speed_settings_module(backend: str) -> SpeedSettingsModule:
     return cast(SpeedSettingsModule, modules.load(backend, "speed_settings"))
 
 
-def make_speed_settings(backend: str, tuned: bool, device: str, chosen: Optional[Sequence[str]] = None) -> SpeedSettings:
+def make_speed_settings(
+    backend: str, tuned: bool, device: str, chosen: Optional[Sequence[str]] = None
+) -> SpeedSettings:
     if not tuned:
         if chosen is not None:
             raise ConfigError("backend.tuned_settings", list(chosen), "null unless backend.tuned=true")

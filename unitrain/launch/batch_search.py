@@ -39,7 +39,9 @@ from unitrain.launch.preflight import one_line
 
 # The frameworks' out-of-memory errors: torch.OutOfMemoryError / "CUDA out of memory", Paddle's
 # ResourceExhaustedError ("Out of memory error on GPU"), and the CPU allocators' messages.
-OOM_PATTERNS = re.compile(r"out of memory|OutOfMemoryError|ResourceExhausted|can't allocate memory|std::bad_alloc", re.IGNORECASE)
+OOM_PATTERNS = re.compile(
+    r"out of memory|OutOfMemoryError|ResourceExhausted|can't allocate memory|std::bad_alloc", re.IGNORECASE
+)
 _UNITS = {"": 1, "m": 1, "mb": 1, "mib": 1, "g": 1024, "gb": 1024, "gib": 1024}
 
 
@@ -59,7 +61,9 @@ class Trial:
 def parse_megabytes(text: str) -> float:
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     if not match or match.group(2).lower() not in _UNITS or float(match.group(1)) <= 0:
-        raise UsageError(f"--memory-limit={text!r} is not allowed: a size such as 4096, 4096MiB or 4GiB (MiB when no unit is given)")
+        raise UsageError(
+            f"--memory-limit={text!r} is not allowed: a size such as 4096, 4096MiB or 4GiB (MiB when no unit is given)"
+        )
     return float(match.group(1)) * _UNITS[match.group(2).lower()]
 
 
@@ -87,14 +91,25 @@ def _tree_rss_mb(pid: int) -> float:
 
 
 class Search:
-    def __init__(self, overrides: List[str], limit_mb: Optional[float], steps: int, work: Path, python: str = sys.executable):
+    def __init__(
+        self, overrides: List[str], limit_mb: Optional[float], steps: int, work: Path, python: str = sys.executable
+    ):
         self.overrides, self.limit_mb, self.steps, self.work, self.python = overrides, limit_mb, steps, work, python
         self.trials: List[Trial] = []
 
     def trial(self, batch: int) -> Trial:
         run_dir = self.work / f"batch{batch}"
-        cmd = [self.python, "-m", "unitrain", *self.overrides, f"trainer.batch_size={batch}", f"trainer.steps={self.steps}",
-               "trainer.progress=false", "trainer.eval_every=0", f"hydra.run.dir={run_dir}"]  # fmt: skip
+        cmd = [
+            self.python,
+            "-m",
+            "unitrain",
+            *self.overrides,
+            f"trainer.batch_size={batch}",
+            f"trainer.steps={self.steps}",
+            "trainer.progress=false",
+            "trainer.eval_every=0",
+            f"hydra.run.dir={run_dir}",
+        ]
         started, peak, over = time.perf_counter(), 0.0, False
         with tempfile.TemporaryFile("w+") as err:
             # A session of its own: the whole tree (launcher and workers) ends together.
@@ -124,7 +139,9 @@ class Search:
             device = memory.get("peak_device_mb")
             recorded = max(device) if device else sum(memory.get("peak_host_rss_mb") or [0])
             fits = self.limit_mb is None or device is not None or recorded <= self.limit_mb
-            result = Trial(batch, fits, "fits" if fits else "over the memory limit", round(max(recorded, peak), 1), seconds)
+            result = Trial(
+                batch, fits, "fits" if fits else "over the memory limit", round(max(recorded, peak), 1), seconds
+            )
         elif OOM_PATTERNS.search(stderr):
             result = Trial(batch, False, "out of memory (framework)", round(peak, 1) if peak else None, seconds)
         else:
@@ -136,9 +153,14 @@ class Search:
     def run(self, start: int, maximum: int, report=print, resolution: int = 1) -> int:
         """The largest batch in [1, maximum] that fits, to within ``resolution`` (the next batch
         that does not is at most that much larger); 0 if not even batch 1 fits."""
+
         def tried(batch: int) -> bool:
             t = self.trial(batch)
-            report(f"batch {batch:6d}: {t.why}" + (f" (peak {t.peak_mb:.0f} MiB)" if t.peak_mb else "") + f", {t.seconds:.1f} s")
+            report(
+                f"batch {batch:6d}: {t.why}"
+                + (f" (peak {t.peak_mb:.0f} MiB)" if t.peak_mb else "")
+                + f", {t.seconds:.1f} s"
+            )
             return t.fits
 
         low, high = 0, None  # the largest batch known to fit, the smallest known not to
@@ -157,8 +179,6 @@ class Search:
             else:
                 high = middle
         return low
-
-
 
 
 def has_accelerator(overrides: List[str]) -> bool:

@@ -12,17 +12,17 @@ from unitrain.host import processes
 from unitrain.interface.launch import Launcher
 from unitrain.launch.workers import DEATH_POLL_S, worker_statuses, zombie
 
-
 LOG_TAIL_LINES = 20
-
 
 
 # What gloo writes when a peer disappears: a rank whose log ends so died of another's death.
 PEER_LOSS_MARKERS = (
-    "Connection reset by peer", "Connection closed by peer", "Broken pipe", "IoException",
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "IoException",
     "transport/tcp/pair.cc",  # any gloo pair error (timeouts included) is about the peer
-)  # fmt: skip
-
+)
 
 
 class WorkerFailedError(UnitrainError):
@@ -31,32 +31,28 @@ class WorkerFailedError(UnitrainError):
     exit_code = 1
 
 
-
 def _last_lines(path: Path, lines: int = LOG_TAIL_LINES) -> List[str]:
-    return path.read_text(encoding="utf-8", errors="replace").rstrip("\n").splitlines()[-lines:] if path.exists() else []
-
+    return (
+        path.read_text(encoding="utf-8", errors="replace").rstrip("\n").splitlines()[-lines:] if path.exists() else []
+    )
 
 
 def _tail(path: Path) -> str:
     return "\n".join(f"    {line}" for line in _last_lines(path)) if path.exists() else f"(no {path.name})"
 
 
-
 def _log_of(status: Dict[str, Any]) -> str:
     return status.get("log") or f"workerlog.{status['local_rank']}"
-
 
 
 def _name_of(status: Dict[str, Any]) -> str:
     return status.get("name") or f"rank {status['rank']}"
 
 
-
 def _lost_a_peer(run_dir: Path, status: Dict[str, Any]) -> bool:
     # Far enough back to get past a C++ stack dump printed after the error.
     text = status.get("error", "") + "\n".join(_last_lines(run_dir / _log_of(status), 400))
     return any(marker in text for marker in PEER_LOSS_MARKERS)
-
 
 
 class DeathWatch:
@@ -76,53 +72,80 @@ class DeathWatch:
                     self.gone[s["rank"]] = time.monotonic()
 
 
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
 
-def diagnose(
-    run_dir: Path, launcher: Launcher, returncode: int, dist: Optional[DistConfig] = None, gone: Optional[Dict[int, float]] = None
-) -> UnitrainError:
-    """Name the rank that brought the job down, with the tail of its log."""
-    statuses = worker_statuses(run_dir)
-    if dist is not None:
-        read = lambda p: p.read_text(encoding="utf-8", errors="replace") if p.exists() else ""  # noqa: E731
-        worker_logs = [read(run_dir / f"workerlog.{i}") for i in range(dist.ps.trainers if dist.mode == "ps" else dist.nproc_per_node)]
-        known = launcher.known_failure(dist, read(run_dir / "launcher.log"), worker_logs, bool(statuses))
-        if known is not None:
-            return known
-    failed = sorted((s for s in statuses if s["status"] == "failed"), key=lambda s: s["time"])
-    user_errors = {s["error"] for s in failed if s.get("user_error")}
-    if len(user_errors) == 1 and len(failed) == len(statuses):
-        return UnitrainError(user_errors.pop())  # every rank rejected the same setting
-    # A worker still marked "running" ended without a word (killed by a signal, or crashed hard).
-    # Ranks whose log says a peer went away died of another's death, not their own.
-    # A rank "terminated" was stopped by the launcher after another one failed.
+
+def _plural(names: List[str]) -> str:
+    """``rank(s) 0, 1``, or the names themselves when they are not ranks (parameter servers)."""
+    if any(not n.startswith("rank ") for n in names):
+        return ", ".join(names)
+    return "rank(s) " + ", ".join(n[5:] for n in names)
+
+
+def _roles(statuses: List[Dict[str, Any]], run_dir: Path, gone: Dict[int, float]) -> Dict[str, List[Dict[str, Any]]]:
+    """Who brought the job down (culprits), who lost the connection to them (followers), who the
+    launcher stopped after (stopped), and who ended in a later poll than the first (after).
+
+    A worker still marked "running" ended without a word (killed by a signal, or crashed hard).
+    Ranks whose log says a peer went away died of another's death, not their own. A rank
+    "terminated" was stopped by the launcher after another one failed."""
     ended = [s for s in statuses if s["status"] in ("running", "failed")]
     causes = [s for s in ended if not _lost_a_peer(run_dir, s)]
     vanished = [s for s in causes if s["status"] == "running"]
-    gone = gone or {}
-    after = []
+    after: List[Dict[str, Any]] = []
     if len(vanished) > 1 and all(s["rank"] in gone for s in vanished):
         # Seen gone in different polls: the later ones died of the first one's death.
         first = min(gone[s["rank"]] for s in vanished)
         after = [s for s in vanished if gone[s["rank"]] > first + 2 * DEATH_POLL_S]
         vanished = [s for s in vanished if s not in after]
     culprits = vanished or sorted(causes, key=lambda s: s.get("time", 0))[:1] or ended
-    followers = [s["rank"] for s in ended if s not in culprits and s not in after]
-    stopped = [s["rank"] for s in statuses if s["status"] == "terminated"]
+    return {
+        "culprits": culprits,
+        "followers": [s for s in ended if s not in culprits and s not in after],
+        "stopped": [s for s in statuses if s["status"] == "terminated"],
+        "after": after,
+    }
+
+
+def diagnose(
+    run_dir: Path,
+    launcher: Launcher,
+    returncode: int,
+    dist: Optional[DistConfig] = None,
+    gone: Optional[Dict[int, float]] = None,
+) -> UnitrainError:
+    """Name the rank that brought the job down, with the tail of its log."""
+    statuses = worker_statuses(run_dir)
+    if dist is not None:
+        workers = dist.ps.trainers if dist.mode == "ps" else dist.nproc_per_node
+        worker_logs = [_read(run_dir / f"workerlog.{i}") for i in range(workers)]
+        known = launcher.known_failure(dist, _read(run_dir / "launcher.log"), worker_logs, bool(statuses))
+        if known is not None:
+            return known
+    failed = sorted((s for s in statuses if s["status"] == "failed"), key=lambda s: s["time"])
+    user_errors = {s["error"] for s in failed if s.get("user_error")}
+    if len(user_errors) == 1 and len(failed) == len(statuses):
+        return UnitrainError(user_errors.pop())  # every rank rejected the same setting
+    roles = _roles(statuses, run_dir, gone or {})
+    culprits = roles["culprits"]
     if not culprits:
         return WorkerFailedError(
-            f"{launcher.module} exited with code {returncode} before any worker reported; its output:\n{_tail(run_dir / 'launcher.log')}"
+            f"{launcher.module} exited with code {returncode} before any worker reported; its "
+            f"output:\n{_tail(run_dir / 'launcher.log')}"
         )
     lines = []
     for s in culprits:
         why = f"failed: {s['error']}" if s["status"] == "failed" else "stopped without reporting (killed by a signal?)"
         lines.append(f"{_name_of(s)} {why}")
-    plural = lambda names: ", ".join(names) if any(not n.startswith("rank ") for n in names) else "rank(s) " + ", ".join(n[5:] for n in names)  # noqa: E731
-    if followers:
-        lines.append(f"{plural([_name_of(s) for s in ended if s['rank'] in followers])} then lost the connection to it")
-    if stopped:
-        lines.append(f"{plural([_name_of(s) for s in statuses if s['rank'] in stopped])} were then stopped by the launcher")
-    if after:
-        lines.append(f"{plural([_name_of(s) for s in after])} ended after it (the launcher stops the others when one fails)")
+    for role, what in (
+        ("followers", "then lost the connection to it"),
+        ("stopped", "were then stopped by the launcher"),
+        ("after", "ended after it (the launcher stops the others when one fails)"),
+    ):
+        if roles[role]:
+            lines.append(f"{_plural([_name_of(s) for s in roles[role]])} {what}")
     worst = run_dir / _log_of(culprits[0])
-    return WorkerFailedError(f"{'; '.join(lines)}; {launcher.module} exited with code {returncode}\nlast lines of {worst}:\n{_tail(worst)}")
-
+    return WorkerFailedError(
+        f"{'; '.join(lines)}; {launcher.module} exited with code {returncode}\nlast lines of {worst}:\n{_tail(worst)}"
+    )

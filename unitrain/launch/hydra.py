@@ -45,7 +45,6 @@ def check_group_choices(args: List[str]) -> str | None:
     return None
 
 
-
 def hydra_entry(prog: str, hydra_main: Callable[[], None], config_name: str = "config") -> None:
     """Reject bad overrides and a run directory holding earlier results in one line, then hand
     the command line to Hydra."""
@@ -64,5 +63,3 @@ def hydra_entry(prog: str, hydra_main: Callable[[], None], config_name: str = "c
     except KeyboardInterrupt:
         print(f"{prog}: error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
         sys.exit(130)
-
-

@@ -70,7 +70,9 @@ def one_line(err: BaseException) -> str:
         allowed = _allowed_keys(getattr(cause, "object_type", None))
         parent = key.rpartition(".")[0]
         where = f"under {parent}" if parent else "at the top level"
-        return f"{key} is not a config key; allowed keys {where}: {allowed}" if allowed else f"{key} is not a config key"
+        return (
+            f"{key} is not a config key; allowed keys {where}: {allowed}" if allowed else f"{key} is not a config key"
+        )
     if isinstance(cause, ValidationError):
         key = getattr(cause, "full_key", None) or "?"
         first = str(cause).splitlines()[0]
@@ -99,7 +101,9 @@ def _writable_dir(key: str, path: Path) -> None:
         probe.mkdir()
         probe.rmdir()
     except OSError as err:
-        raise PreflightError(f"{key}={str(path)!r} is not allowed: {err.strerror or err}; allowed: a directory this user can write") from None
+        raise PreflightError(
+            f"{key}={str(path)!r} is not allowed: {err.strerror or err}; allowed: a directory this user can write"
+        ) from None
 
 
 def _earlier_results(folder: Path) -> Optional[Path]:
@@ -140,7 +144,8 @@ def check(args: List[str], config_module: str, config_name: str) -> None:
             taken = [p for p in sweep_dir.glob("*/") if _earlier_results(p)]
             if taken:
                 raise PreflightError(
-                    f"hydra.sweep.dir={str(sweep_dir)!r} is not allowed: it holds an earlier sweep's results ({taken[0].name}/); "
+                    f"hydra.sweep.dir={str(sweep_dir)!r} is not allowed: it holds an earlier sweep's results "
+                    f"({taken[0].name}/); "
                     "allowed: a new directory (leave hydra.sweep.dir unset for a fresh one)"
                 )
             continue
@@ -149,12 +154,15 @@ def check(args: List[str], config_module: str, config_name: str) -> None:
         earlier = _earlier_results(run_dir)
         if earlier and not _resumes_into(OmegaConf.select(cfg, "trainer.resume"), run_dir):
             raise PreflightError(
-                f"hydra.run.dir={str(run_dir)!r} is not allowed: it holds an earlier run's results ({earlier.name}), which "
+                f"hydra.run.dir={str(run_dir)!r} is not allowed: it holds an earlier run's results ({earlier.name}), "
+                "which "
                 "this run would replace; allowed: a new directory, or trainer.resume=<that run dir> to continue it"
             )
 
 
 def quick_flags(args: List[str]) -> bool:
     """Hydra's informational flags (--help, --cfg, --info...) compose nothing and write nothing."""
-    return any(a in ("--help", "-h", "--hydra-help", "--version", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc") for a in args)
-
+    return any(
+        a in ("--help", "-h", "--hydra-help", "--version", "--info", "-i", "--cfg", "-c", "--shell-completion", "-sc")
+        for a in args
+    )

@@ -19,16 +19,24 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from omegaconf import OmegaConf
 
-from unitrain.launch.diagnosis import DeathWatch, WorkerFailedError, diagnose
-from unitrain.launch.workers import DEATH_POLL_S, LogFollower, dies_with_this_process, exited, main_process_args, stop_everything, worker_statuses
 from unitrain.config.schema import UnitrainConfig
 from unitrain.entry import worker
 from unitrain.errors import NothingLeftToRun, UnitrainError
 from unitrain.host.ports import port_in_use
+from unitrain.host.threads import available_cores, resolve_threads
 from unitrain.interface.launch import Launcher, busy_port_error, launch_module, not_joined_error
 from unitrain.interface.modules import module_path
+from unitrain.launch.diagnosis import DeathWatch, WorkerFailedError, diagnose
+from unitrain.launch.workers import (
+    DEATH_POLL_S,
+    LogFollower,
+    dies_with_this_process,
+    exited,
+    main_process_args,
+    stop_everything,
+    worker_statuses,
+)
 from unitrain.ps.job import summarize
-from unitrain.host.threads import available_cores, resolve_threads
 
 log = logging.getLogger("unitrain")
 
@@ -36,54 +44,6 @@ WORKER_SCRIPT = Path(worker.__file__).resolve()
 # How long past dist.timeout_s the main process waits for a launcher that times out the
 # rendezvous itself (torchrun): its own start-up (imports) comes before its clock starts.
 RENDEZVOUS_GRACE_S = 30.0
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 
 def processes_per_node(cfg: UnitrainConfig) -> int:
@@ -225,7 +185,14 @@ def supervise(
         raise diagnose(run_dir, launcher, proc.returncode, dist, deaths.gone)
 
 
-def _watch(proc: subprocess.Popen, cfg: UnitrainConfig, run_dir: Path, launcher: Launcher, follower: LogFollower, deaths: DeathWatch) -> None:
+def _watch(
+    proc: subprocess.Popen,
+    cfg: UnitrainConfig,
+    run_dir: Path,
+    launcher: Launcher,
+    follower: LogFollower,
+    deaths: DeathWatch,
+) -> None:
     """Until the launcher exits: echo the log, note each worker's death, and keep the clock on
     nodes that have not joined (a launcher that times out the rendezvous itself says why; this
     clock is the backstop)."""
@@ -251,7 +218,9 @@ def ps_engine_problem(cfg: UnitrainConfig, launcher: Launcher) -> Optional[str]:
     """Why the installed framework cannot run a parameter-server job, asked of the backend's ps
     module in a child process (this one imports no framework), or None."""
     probe = f"import {module_path(cfg.backend.name, 'ps')} as m; print(m.engine_problem() or '')"
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env={**os.environ, **launcher.ps_env})
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env={**os.environ, **launcher.ps_env}
+    )
     if done.returncode != 0:
         tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
         return f"backend={cfg.backend.name} could not be loaded for a parameter-server job: {tail}"
@@ -272,7 +241,12 @@ def launch_ps(cfg: UnitrainConfig, run_dir: str | Path) -> Dict[str, Any]:
     config_file = write_worker_config(cfg, run_dir)
     if cfg.dist.ps.servers:
         command = launcher_command(launcher, cfg, run_dir, config_file)
-        log.info("launching %d server(s) and %d trainer(s): %s", cfg.dist.ps.servers, cfg.dist.ps.trainers, shlex.join(command))
+        log.info(
+            "launching %d server(s) and %d trainer(s): %s",
+            cfg.dist.ps.servers,
+            cfg.dist.ps.trainers,
+            shlex.join(command),
+        )
     else:
         ps_args = ["--workerlog", "--ps", cfg.backend.name, "0", "1"]
         command = [sys.executable, *worker_command(config_file, run_dir, "RANK", "LOCAL_RANK", *ps_args)]

@@ -19,14 +19,11 @@ from typing import Any, Dict, List, Optional
 
 from unitrain.host import processes
 
-
 STOP_GRACE_S = 5.0
-
 
 
 # How often the main process looks at the launcher and its workers.
 DEATH_POLL_S = 0.2
-
 
 
 def dies_with_this_process():
@@ -44,7 +41,6 @@ def dies_with_this_process():
     return preexec
 
 
-
 class LogFollower:
     """Echo the lines a worker appends to its log, as ``tail -f`` would, but only unitrain's own:
     the frameworks' start-up output (topology tables, flag dumps, warnings) stays in the file.
@@ -54,7 +50,9 @@ class LogFollower:
 
     OWN = re.compile(r"^(\[[0-9-]+ [0-9:,]+\]\[unitrain\]|unitrain(\.\w+)?: )")
     # torchrun prefixes a failed worker's traceback with "[rank<r>]:".
-    FOREIGN = re.compile(r"^(\[?\d{4}-\d\d-\d\d[ ,]|[IWEF]\d{4} |\S+\.py:\d+: \w*Warning|LAUNCH|Traceback|\*\*\*|\[rank\d+\]:)")
+    FOREIGN = re.compile(
+        r"^(\[?\d{4}-\d\d-\d\d[ ,]|[IWEF]\d{4} |\S+\.py:\d+: \w*Warning|LAUNCH|Traceback|\*\*\*|\[rank\d+\]:)"
+    )
 
     def __init__(self, path: Path, prefix: str):
         self.path, self.prefix, self.offset, self.partial = path, prefix, 0, ""
@@ -77,17 +75,18 @@ class LogFollower:
                 print(f"{self.prefix}{line}", flush=True)
 
 
-
 def worker_statuses(run_dir: Path) -> List[Dict[str, Any]]:
     folder = run_dir / ".workers"
-    return sorted((json.loads(f.read_text()) for f in folder.glob("rank*.json")), key=lambda s: s["rank"]) if folder.exists() else []
-
+    return (
+        sorted((json.loads(f.read_text()) for f in folder.glob("rank*.json")), key=lambda s: s["rank"])
+        if folder.exists()
+        else []
+    )
 
 
 def main_process_args() -> List[str]:
     """Who the workers watch: this process, by pid and start time (a pid can be reused)."""
     return ["--main-pid", str(os.getpid()), "--main-start", processes.start_time(os.getpid()) or ""]
-
 
 
 def _children(pid: int) -> List[int]:
@@ -98,7 +97,6 @@ def _children(pid: int) -> List[int]:
         except OSError:
             pass
     return found
-
 
 
 def _job_processes(proc: subprocess.Popen, run_dir: Path) -> Dict[int, str]:
@@ -121,10 +119,8 @@ def _job_processes(proc: subprocess.Popen, run_dir: Path) -> Dict[int, str]:
     return {pid: start for pid, start in found.items() if start is not None}
 
 
-
 def _still_there(pids: Dict[int, str]) -> Dict[int, str]:
     return {pid: start for pid, start in pids.items() if processes.start_time(pid) == start and not zombie(pid)}
-
 
 
 def zombie(pid: int) -> bool:
@@ -132,7 +128,6 @@ def zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
     except OSError:
         return True
-
 
 
 def exited(proc: subprocess.Popen) -> bool:
@@ -144,7 +139,6 @@ def exited(proc: subprocess.Popen) -> bool:
         return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:
         return True
-
 
 
 def stop_everything(proc: subprocess.Popen, run_dir: Path) -> None:
@@ -171,4 +165,3 @@ def stop_everything(proc: subprocess.Popen, run_dir: Path) -> None:
         if exited(proc) and not _still_there(pids):
             break
     proc.wait()
-

@@ -18,7 +18,9 @@ from unitrain.model.specs import ResNetSpec
 Arrays = Dict[str, np.ndarray]
 
 
-def shared_init(shapes: Dict[str, Tuple[int, ...]], spec: ResNetSpec, seed: int, zero_init_residual: bool = True) -> Arrays:
+def shared_init(
+    shapes: Dict[str, Tuple[int, ...]], spec: ResNetSpec, seed: int, zero_init_residual: bool = True
+) -> Arrays:
     """Canonical (PyTorch-layout) arrays for a model whose canonical names and shapes are given."""
     rng = np.random.default_rng((seed, 2))  # stream 2: not the data's streams 0 and 1
     last_bn = "bn3" if spec.block == "bottleneck" else "bn2"

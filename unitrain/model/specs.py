@@ -25,12 +25,11 @@ STEMS: Registry[Stem] = Registry("stem")
 # torchvision's, for ImageNet-sized images: a 32x32 image leaves layer1 8x8 maps and layer4 1x1.
 STEMS.register("imagenet", Stem(7, 2, True))
 # He et al.'s CIFAR networks' (and the usual "ResNet18 for CIFAR"): full resolution into layer1,
-# at a cost: a torch ResNet18 step at batch 128 took 3.1 s at 28x28 against the ImageNet stem's
-# 0.73 s at 32x32 (2-core AVX2 CPU), and Paddle's 15-18 s.
+# at a cost: a step costs several times the ImageNet stem's on a CPU (docs/evaluation.md).
 STEMS.register("cifar", Stem(3, 1, False))
 # Between the two: one 3x3 stride-2 conv and no pool, so a 28x28 image leaves layer1 14x14 maps
 # (the ImageNet stem: 8x8 from 32x32). Small maps use a CPU badly, so its step costs about what the
-# ImageNet stem's does at 32x32: torch batch 128, 0.96-1.2 against 0.98-1.19 s (2-core AVX2 CPU).
+# ImageNet stem's does at 32x32 (docs/evaluation.md).
 STEMS.register("stride2", Stem(3, 2, False))
 
 

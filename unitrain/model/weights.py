@@ -37,8 +37,11 @@ def check_state(names: Iterable[str], shapes: Dict[str, tuple], arrays: Dict[str
             return ", ".join(keys[:3]) + ("..." if len(keys) > 3 else "")
 
         raise UnitrainError(
-            f"the weights do not fit this model: {len(missing)} missing ({some(missing)}), {len(unexpected)} unexpected ({some(unexpected)})"
+            f"the weights do not fit this model: {len(missing)} missing ({some(missing)}), {len(unexpected)} "
+            f"unexpected ({some(unexpected)})"
         )
     wrong = [f"{k} {tuple(arrays[k].shape)} vs {shapes[k]}" for k in names if tuple(arrays[k].shape) != shapes[k]]
     if wrong:
-        raise UnitrainError(f"the weights do not fit this model: shapes differ for {len(wrong)} tensor(s), e.g. {wrong[0]}")
+        raise UnitrainError(
+            f"the weights do not fit this model: shapes differ for {len(wrong)} tensor(s), e.g. {wrong[0]}"
+        )

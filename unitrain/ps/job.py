@@ -19,14 +19,15 @@ import logging
 import math
 import statistics
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import IO, Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from unitrain.host import machine
 from unitrain.data.criteo import HELD_OUT, CtrData, auc, log_loss, read_tsv, synthetic
 from unitrain.errors import UnitrainError
+from unitrain.host import machine
 from unitrain.interface.backend import get_backend
 from unitrain.interface.launch import launch_module
 from unitrain.interface.ps import PsProgram, Role, ps_module
@@ -40,17 +41,11 @@ WARMUP_STEPS = 2
 RESULTS = "ps"  # per-trainer results, <run_dir>/ps/trainer<i>.json
 
 
-
-
-
-
 def role_from_env(backend: str, env: Mapping[str, str], servers: int, trainers: int) -> Role:
     """This process's role, read from what the framework's launcher set."""
     if servers == 0:
         return Role("trainer", 0, 0, 1)
     return launch_module(backend).ps_role(env, servers, trainers)
-
-
 
 
 def load_data(cfg, held_out: bool) -> Tuple[CtrData, Optional[CtrData]]:
@@ -74,95 +69,164 @@ def _read_rows(cfg, held_out: bool) -> Tuple[CtrData, Optional[CtrData]]:
     if data.num_samples is None:
         rows = read_tsv(data.path, buckets)
         if data.val_samples >= len(rows):
-            raise UnitrainError(f"data.val_samples={data.val_samples} is not allowed: fewer than the {len(rows)} rows of {data.path}")
+            raise UnitrainError(
+                f"data.val_samples={data.val_samples} is not allowed: fewer than the {len(rows)} rows of {data.path}"
+            )
         cut = len(rows) - data.val_samples
         return rows.rows(slice(0, cut)), (rows.rows(slice(cut, None)) if held_out and data.val_samples else None)
     train = read_tsv(data.path, buckets, limit=data.num_samples)
-    val = read_tsv(data.path, buckets, skip=data.num_samples, limit=data.val_samples) if held_out and data.val_samples else None
+    val = (
+        read_tsv(data.path, buckets, skip=data.num_samples, limit=data.val_samples)
+        if held_out and data.val_samples
+        else None
+    )
     return train, val
 
 
 def evaluate(program: PsProgram, rows: CtrData, batch_size: int) -> Dict[str, float]:
     started = time.perf_counter()
-    probabilities = np.concatenate([program.predict(rows.rows(slice(i, i + batch_size))) for i in range(0, len(rows), batch_size)])
-    return {"val_auc": auc(rows.label, probabilities), "val_logloss": log_loss(rows.label, probabilities), "eval_s": time.perf_counter() - started}
+    probabilities = np.concatenate(
+        [program.predict(rows.rows(slice(i, i + batch_size))) for i in range(0, len(rows), batch_size)]
+    )
+    return {
+        "val_auc": auc(rows.label, probabilities),
+        "val_logloss": log_loss(rows.label, probabilities),
+        "eval_s": time.perf_counter() - started,
+    }
 
 
-def train(cfg, program: PsProgram, role: Role, run_dir: Path, describe: Dict[str, Any]) -> Dict[str, Any]:
+@dataclass(kw_only=True)
+class _Records:
+    """What one trainer records: its steps and held-out evaluations (trainer 0 also writes them
+    to metrics.jsonl), and the time its evaluations took."""
+
+    role: Role
+    file: Optional[IO[str]]
+    started: float = field(default_factory=time.perf_counter)
+    steps: List[Dict[str, float]] = field(default_factory=list)
+    evals: List[Dict[str, float]] = field(default_factory=list)
+    eval_time: float = 0.0
+
+    def _write(self, record: Dict[str, float]) -> None:
+        if self.file:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def step(self, record: Dict[str, float]) -> None:
+        self.steps.append(record)
+        self._write(record)
+
+    def evaluate(self, program: PsProgram, rows: CtrData, batch_size: int, step: int) -> None:
+        result = evaluate(program, rows, batch_size)
+        self.eval_time += result["eval_s"]
+        record = {"step": step, **result, "elapsed_s": time.perf_counter() - self.started}
+        self.evals.append(record)
+        log.info(
+            "%s held-out at step %d: AUC %.4f  log loss %.4f",
+            self.role.name,
+            step,
+            record["val_auc"],
+            record["val_logloss"],
+        )
+        self._write(record)
+
+
+def _steps_per_epoch(cfg: Any, rows: int, role: Role, shard: int) -> int:
+    """Every trainer takes as many steps as the smallest shard allows: sync mode meets at a
+    barrier each step, and a trainer with one more batch would wait there for ever."""
+    batch_size, smallest = cfg.trainer.batch_size, rows // role.trainers
+    steps = min(smallest // batch_size, cfg.trainer.steps or smallest)
+    if steps == 0:
+        raise UnitrainError(
+            f"trainer.batch_size={batch_size} is not allowed: more than the {shard} rows of {role.name}'s shard"
+        )
+    return steps
+
+
+def train(cfg: Any, program: PsProgram, role: Role, run_dir: Path, describe: Dict[str, Any]) -> Dict[str, Any]:
     """The loop of one trainer; trainer 0 also evaluates and writes metrics.jsonl."""
     first = role.index == 0
     rows, held_out = load_data(cfg, held_out=first)
     shard = rows.shard(role.index, role.trainers)
-    batch_size = cfg.trainer.batch_size
-    # Every trainer takes as many steps as the smallest shard allows: sync mode meets at a
-    # barrier each step, and a trainer with one more batch would wait there for ever.
-    smallest = len(rows) // role.trainers
-    steps_per_epoch = min(smallest // batch_size, cfg.trainer.steps or smallest)
-    if steps_per_epoch == 0:
-        raise UnitrainError(f"trainer.batch_size={batch_size} is not allowed: more than the {len(shard)} rows of {role.name}'s shard")
+    batch_size, every = cfg.trainer.batch_size, cfg.trainer.eval_every
+    steps_per_epoch = _steps_per_epoch(cfg, len(rows), role, len(shard))
     total = steps_per_epoch * cfg.trainer.epochs
-    metrics = open(run_dir / "metrics.jsonl", "w", encoding="utf-8") if first else None
-    records: List[Dict[str, float]] = []
-    evals: List[Dict[str, float]] = []
-    started, eval_time = time.perf_counter(), 0.0
-    log.info("%s: %d rows (%.1f%% clicks), %d steps of %d", role.name, len(shard), 100 * shard.positive_rate, total, batch_size)
+    log.info(
+        "%s: %d rows (%.1f%% clicks), %d steps of %d",
+        role.name,
+        len(shard),
+        100 * shard.positive_rate,
+        total,
+        batch_size,
+    )
+    out = _Records(role=role, file=open(run_dir / "metrics.jsonl", "w", encoding="utf-8") if first else None)
     step = 0
     try:
         for epoch in range(cfg.trainer.epochs):
             for _, batch in zip(range(steps_per_epoch), shard.batches(batch_size)):
-                tick = time.perf_counter()
-                loss = program.train_batch(batch)
-                cost = time.perf_counter() - tick
                 step += 1
-                if not math.isfinite(loss):
-                    raise UnitrainError(f"the loss is {loss} at step {step} on {role.name}; lower optim.lr ({cfg.optim.lr:g})")
-                record = {"step": step, "epoch": epoch, "loss": loss, "batch_cost": cost, "ips": batch_size / cost}
-                records.append(record)
-                if metrics:
-                    metrics.write(json.dumps(record) + "\n")
-                    metrics.flush()
+                out.step(_train_step(program, batch, step, epoch, cfg, role))
                 if step % cfg.trainer.log_every == 0 or step == total:
-                    log.info("%s step %d/%d  loss %.4f  %.0f examples/s", role.name, step, total, loss, record["ips"])
-                if held_out is not None and cfg.trainer.eval_every and step % cfg.trainer.eval_every == 0 and step < total:
-                    result = evaluate(program, held_out, cfg.trainer.eval_batch_size)
-                    eval_time += result["eval_s"]
-                    evals.append({"step": step, **result, "elapsed_s": time.perf_counter() - started})
-                    _write_eval(metrics, evals[-1], role)
-        train_time = time.perf_counter() - started - eval_time
+                    log.info(
+                        "%s step %d/%d  loss %.4f  %.0f examples/s",
+                        role.name,
+                        step,
+                        total,
+                        out.steps[-1]["loss"],
+                        out.steps[-1]["ips"],
+                    )
+                if held_out is not None and every and step % every == 0 and step < total:
+                    out.evaluate(program, held_out, cfg.trainer.eval_batch_size, step)
+        train_time = time.perf_counter() - out.started - out.eval_time
         program.end_training()
         if held_out is not None:
-            result = evaluate(program, held_out, cfg.trainer.eval_batch_size)
-            evals.append({"step": step, **result, "elapsed_s": time.perf_counter() - started})
-            _write_eval(metrics, evals[-1], role)
+            out.evaluate(program, held_out, cfg.trainer.eval_batch_size, step)
     finally:
-        if metrics:
-            metrics.close()
+        if out.file:
+            out.file.close()
+    return _trainer_result(out, program, role, run_dir, describe, len(shard), batch_size, train_time)
+
+
+def _train_step(program: PsProgram, batch: CtrData, step: int, epoch: int, cfg: Any, role: Role) -> Dict[str, float]:
+    tick = time.perf_counter()
+    loss = program.train_batch(batch)
+    cost = time.perf_counter() - tick
+    if not math.isfinite(loss):
+        raise UnitrainError(f"the loss is {loss} at step {step} on {role.name}; lower optim.lr ({cfg.optim.lr:g})")
+    return {"step": step, "epoch": epoch, "loss": loss, "batch_cost": cost, "ips": cfg.trainer.batch_size / cost}
+
+
+def _trainer_result(
+    out: _Records,
+    program: PsProgram,
+    role: Role,
+    run_dir: Path,
+    describe: Dict[str, Any],
+    rows: int,
+    batch_size: int,
+    train_time: float,
+) -> Dict[str, Any]:
+    """ps/trainer<i>.json: what the main process sums into the job's summary."""
+    records, steps = out.steps, len(out.steps)
     timed = [r["ips"] for r in records[WARMUP_STEPS:]] or [r["ips"] for r in records]
     result = {
         "role": role.name,
         **describe,
-        "rows": len(shard),
-        "steps": step,
+        "rows": rows,
+        "steps": steps,
         "examples_per_s": statistics.median(timed),
         # All rows over all the time the loop took, stalls included.
-        "examples_per_s_overall": step * batch_size / train_time if train_time > 0 else None,
+        "examples_per_s_overall": steps * batch_size / train_time if train_time > 0 else None,
         "train_time_s": train_time,
         "final_loss": statistics.fmean(r["loss"] for r in records[-10:]),
         "first_loss": records[0]["loss"],
-        "eval": evals[-1] if evals else None,
+        "eval": out.evals[-1] if out.evals else None,
         "observed": program.observed(),
     }
     folder = run_dir / RESULTS
     folder.mkdir(exist_ok=True)
     (folder / f"trainer{role.index}.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
-
-
-def _write_eval(metrics, record: Dict[str, float], role: Role) -> None:
-    log.info("%s held-out at step %d: AUC %.4f  log loss %.4f", role.name, record["step"], record["val_auc"], record["val_logloss"])
-    if metrics:
-        metrics.write(json.dumps(record) + "\n")
-        metrics.flush()
 
 
 def run_process(cfg, run_dir: Path, role: Role) -> None:
@@ -187,7 +251,9 @@ def summarize(cfg, run_dir: Path, wall: float) -> Dict[str, Any]:
     for i in range(ps.trainers):
         path = run_dir / RESULTS / f"trainer{i}.json"
         if not path.exists():
-            raise UnitrainError(f"trainer {i} ended without writing its results ({path}); see workerlog.{i} in {run_dir}")
+            raise UnitrainError(
+                f"trainer {i} ended without writing its results ({path}); see workerlog.{i} in {run_dir}"
+            )
         results.append(json.loads(path.read_text()))
     first = results[0]
     summary = {

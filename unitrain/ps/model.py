@@ -9,11 +9,9 @@ import numpy as np
 
 from unitrain.data.criteo import DENSE_FEATURES, SPARSE_SLOTS
 
-
 #: Embedding rows start uniform in +-EMBED_INIT on both frameworks (Paddle's servers draw a row
 #: when it is first pulled, so only the scheme, not the draws, can be shared).
 EMBED_INIT = 0.01
-
 
 
 def tower_init(cfg) -> List[Tuple[np.ndarray, np.ndarray]]:
@@ -27,6 +25,10 @@ def tower_init(cfg) -> List[Tuple[np.ndarray, np.ndarray]]:
     out = []
     for fan_in, fan_out in layers:
         bound = 1.0 / math.sqrt(fan_in)
-        out.append((rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32), rng.uniform(-bound, bound, fan_out).astype(np.float32)))
+        out.append(
+            (
+                rng.uniform(-bound, bound, (fan_in, fan_out)).astype(np.float32),
+                rng.uniform(-bound, bound, fan_out).astype(np.float32),
+            )
+        )
     return out
-

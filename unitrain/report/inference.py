@@ -19,37 +19,41 @@ def table_rows(result: Dict[str, Any]) -> List[Dict[str, str]]:
     for r in result["rows"]:
         lat = r.get("latency", {})
         b1, bn = lat.get(str(small)), lat.get(str(large))
-        rows.append({
-            "runtime": r["runtime"], "model file": r["name"], "trained with": r["trained_with"],
-            f"p50 ms (batch {small})": f"{b1['p50_ms']:.2f}" if b1 else "-",
-            f"p90 ms (batch {small})": f"{b1['p90_ms']:.2f}" if b1 else "-",
-            f"p99 ms (batch {small})": f"{b1['p99_ms']:.2f}" if b1 else "-",
-            "p50 / fastest": f"{b1['p50_ms'] / fastest:.2f}" if b1 and fastest else "-",
-            f"img/s (batch {large})": f"{bn['throughput_ips']:.1f}" if bn else "-",
-            "held-out top-1": f"{r['accuracy']['top1']:.4f}" if "accuracy" in r else "-",
-            "what ran": _what_ran(r),
-        })  # fmt: skip
+        rows.append(
+            {
+                "runtime": r["runtime"],
+                "model file": r["name"],
+                "trained with": r["trained_with"],
+                f"p50 ms (batch {small})": f"{b1['p50_ms']:.2f}" if b1 else "-",
+                f"p90 ms (batch {small})": f"{b1['p90_ms']:.2f}" if b1 else "-",
+                f"p99 ms (batch {small})": f"{b1['p99_ms']:.2f}" if b1 else "-",
+                "p50 / fastest": f"{b1['p50_ms'] / fastest:.2f}" if b1 and fastest else "-",
+                f"img/s (batch {large})": f"{bn['throughput_ips']:.1f}" if bn else "-",
+                "held-out top-1": f"{r['accuracy']['top1']:.4f}" if "accuracy" in r else "-",
+                "what ran": _what_ran(r),
+            }
+        )
     return rows
-
 
 
 def _what_ran(row: Dict[str, Any]) -> str:
     if "error" in row:
         return f"FAILED: {row['error']}"
     seen = row.get("observed", {})
-    return "; ".join(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}" for k, v in seen.items() if k not in ("version", "kernels"))
-
+    return "; ".join(
+        f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}"
+        for k, v in seen.items()
+        if k not in ("version", "kernels")
+    )
 
 
 def markdown(result: Dict[str, Any]) -> str:
 
     return (
-        md_table(table_rows(result))
-        + f"\n\nCPU: {describe_cpu(result['cpu'], {})}; "
+        md_table(table_rows(result)) + f"\n\nCPU: {describe_cpu(result['cpu'], {})}; "
         f"{result['threads']} thread(s) for every runtime. Timed: {result['timed']}; warm-up excluded; medians over "
         f"at least {result['min_iters']} runs. Held-out top-1 over {result['eval_samples']} samples."
     )
-
 
 
 def plot(result: Dict[str, Any], path: Path) -> Path:
@@ -63,22 +67,35 @@ def plot(result: Dict[str, Any], path: Path) -> Path:
     colors = style.colors()
     fig, axes = plt.subplots(1, 2, figsize=(12, max(3, 0.45 * len(ok) + 1.5)))
     labels = [f"{r['runtime']}\n{r['name']}" for r in ok]
-    for ax, batch, key, title in ((axes[0], small, "p50_ms", f"latency at batch {small} (ms; p50, bar to p99)"), (axes[1], large, "throughput_ips", f"throughput at batch {large} (images/s)")):
+    for ax, batch, key, title in (
+        (axes[0], small, "p50_ms", f"latency at batch {small} (ms; p50, bar to p99)"),
+        (axes[1], large, "throughput_ips", f"throughput at batch {large} (images/s)"),
+    ):
         values = [r["latency"].get(batch, {}).get(key, 0.0) for r in ok]
         err = None
         if key == "p50_ms":
-            err = [[0.0] * len(ok), [max(0.0, r["latency"].get(batch, {}).get("p99_ms", 0.0) - v) for r, v in zip(ok, values)]]
+            err = [
+                [0.0] * len(ok),
+                [max(0.0, r["latency"].get(batch, {}).get("p99_ms", 0.0) - v) for r, v in zip(ok, values)],
+            ]
         ax.barh(
-            range(len(ok)), values, xerr=err, color=[colors.get(r["framework"], "grey") for r in ok], alpha=0.85,
+            range(len(ok)),
+            values,
+            xerr=err,
+            color=[colors.get(r["framework"], "grey") for r in ok],
+            alpha=0.85,
             hatch=[("//" if r["format"] == "onnx" else "") for r in ok],
-        )  # fmt: skip
+        )
         ax.set_yticks(range(len(ok)), labels, fontsize=7)
         ax.invert_yaxis()
         ax.set_title(title, fontsize=9)
     axes[1].set_yticks([])
-    fig.suptitle(f"inference, {result['threads']} thread(s); colour: framework that wrote the model file ({style.color_legend()}; ONNX hatched)", fontsize=9)
+    fig.suptitle(
+        f"inference, {result['threads']} thread(s); colour: framework that wrote the model file "
+        f"({style.color_legend()}; ONNX hatched)",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
-

@@ -23,7 +23,11 @@ def plot(records: List[Dict[str, float]], frameworks: List[str], tolerance: floa
     floor = 1e-12  # a log axis cannot show an exact zero
     ax_diff.semilogy(steps, [max(r["rel_diff"], floor) for r in records], label="relative loss difference")
     ax_diff.semilogy(steps, [max(r["max_param_diff"], floor) for r in records], label="max parameter difference")
-    ax_diff.semilogy(steps, [max(r["running_stat_rel_diff"], floor) for r in records], label="BatchNorm running statistics (relative)")
+    ax_diff.semilogy(
+        steps,
+        [max(r["running_stat_rel_diff"], floor) for r in records],
+        label="BatchNorm running statistics (relative)",
+    )
     ax_diff.axhline(tolerance, color="red", linestyle=":", label=f"tolerance {tolerance:g}")
     ax_diff.set(title="divergence between frameworks", xlabel="step")
     ax_diff.legend(fontsize=8)
@@ -32,10 +36,12 @@ def plot(records: List[Dict[str, float]], frameworks: List[str], tolerance: floa
     plt.close(fig)
 
 
-
 def format_table(report: Dict[str, Any]) -> str:
     a, b = report["frameworks"]
-    lines = [f"| step | loss {a} | loss {b} | abs diff | rel diff | max param diff | BN stats rel diff |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| step | loss {a} | loss {b} | abs diff | rel diff | max param diff | BN stats rel diff |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in report["per_step"]:
         lines.append(
             f"| {r['step']} | {r[f'loss_{a}']:.6f} | {r[f'loss_{b}']:.6f} | {r['abs_diff']:.2e} | {r['rel_diff']:.2e} "
@@ -45,7 +51,11 @@ def format_table(report: Dict[str, Any]) -> str:
     first = a["first_beyond_tolerance"]
     lines.append(
         f"\nfirst batch, {a['layers_compared']} layer outputs compared: "
-        + (f"first beyond {a['tolerance']:g} is {first['layer']} ({first['rel_diff']:.2e})" if first else f"all within {a['tolerance']:g}")
+        + (
+            f"first beyond {a['tolerance']:g} is {first['layer']} ({first['rel_diff']:.2e})"
+            if first
+            else f"all within {a['tolerance']:g}"
+        )
         + f"; largest {a['largest']['layer']} ({a['largest']['rel_diff']:.2e})"
     )
     lines.append(f"CPU: {machine.describe_cpu(report['cpu'], report['kernel_env'])}")
@@ -55,4 +65,3 @@ def format_table(report: Dict[str, Any]) -> str:
         f"{report['max_running_stat_rel_diff']:.2e}: {verdict} tolerance {report['tolerance']:g}"
     )
     return "\n".join(lines)
-

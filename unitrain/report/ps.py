@@ -40,7 +40,10 @@ def _traffic(summary: Dict[str, Any]) -> str:
     traffic = (summary.get("observed") or {}).get("traffic")
     if not traffic:
         return "n/a"
-    return ", ".join(f"{k.replace('_', ' ')} {v:,}" if isinstance(v, int) else f"{k.replace('_', ' ')} {v}" for k, v in traffic.items())
+    return ", ".join(
+        f"{k.replace('_', ' ')} {v:,}" if isinstance(v, int) else f"{k.replace('_', ' ')} {v}"
+        for k, v in traffic.items()
+    )
 
 
 def rows(found: List[Tuple[Path, Dict[str, Any]]]) -> List[Dict[str, str]]:
@@ -48,19 +51,21 @@ def rows(found: List[Tuple[Path, Dict[str, Any]]]) -> List[Dict[str, str]]:
     for _, s in found:
         evaluation = s.get("eval") or {}
         mode = s["mode"] + (f" (k={s['geo_k_steps']})" if s.get("geo_k_steps") else "")
-        out.append({
-            "backend": s["backend"],
-            "framework": f"{s['framework']} {s['version']}",
-            "mode": mode,
-            "servers x trainers": f"{s['servers']} x {s['trainers']}",
-            "threads/process": str(s["threads"]),
-            "examples/s per trainer": ", ".join(f"{v:.0f}" for v in s["examples_per_s_per_trainer"]),
-            "examples/s total": f"{s['examples_per_s']:.0f}",
-            "held-out AUC": f"{evaluation['val_auc']:.4f}" if evaluation else "n/a",
-            "held-out log loss": f"{evaluation['val_logloss']:.4f}" if evaluation else "n/a",
-            "train loss first -> last": f"{s['first_loss']:.4f} -> {s['final_loss']:.4f}",
-            "traffic": _traffic(s),
-        })  # fmt: skip
+        out.append(
+            {
+                "backend": s["backend"],
+                "framework": f"{s['framework']} {s['version']}",
+                "mode": mode,
+                "servers x trainers": f"{s['servers']} x {s['trainers']}",
+                "threads/process": str(s["threads"]),
+                "examples/s per trainer": ", ".join(f"{v:.0f}" for v in s["examples_per_s_per_trainer"]),
+                "examples/s total": f"{s['examples_per_s']:.0f}",
+                "held-out AUC": f"{evaluation['val_auc']:.4f}" if evaluation else "n/a",
+                "held-out log loss": f"{evaluation['val_logloss']:.4f}" if evaluation else "n/a",
+                "train loss first -> last": f"{s['first_loss']:.4f} -> {s['final_loss']:.4f}",
+                "traffic": _traffic(s),
+            }
+        )
     return out
 
 
@@ -83,13 +88,17 @@ def plot(found: List[Tuple[Path, Dict[str, Any]]], path: Path) -> Path:
         label = f"{s['backend']} {s['mode']} {s['servers']}x{s['trainers']}"
         labels.append(label)
         metrics = run_dir / "metrics.jsonl"
-        records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+        records = (
+            [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
+        )
         steps = [r for r in records if "loss" in r]
         if len(steps) >= SMOOTH:
             # A moving mean: one batch's loss is too noisy to tell the rows apart.
             losses = np.convolve([r["loss"] for r in steps], np.ones(SMOOTH) / SMOOTH, mode="valid")
             curves.plot([r["step"] * s["batch_size"] for r in steps[SMOOTH - 1 :]], losses, label=label, linewidth=1)
-    curves.set(xlabel="examples seen by trainer 0", ylabel=f"training loss, mean of {SMOOTH} steps", title="Training loss")
+    curves.set(
+        xlabel="examples seen by trainer 0", ylabel=f"training loss, mean of {SMOOTH} steps", title="Training loss"
+    )
     curves.legend(fontsize=8)
     speeds = [s["examples_per_s"] for _, s in found]
     drawn = bars.barh(range(len(found)), speeds, color="tab:blue")
@@ -97,7 +106,13 @@ def plot(found: List[Tuple[Path, Dict[str, Any]]], path: Path) -> Path:
     bars.set(xlabel="examples/s, all trainers", title="Throughput (label: held-out AUC)")
     for bar, (_, s) in zip(drawn, found):
         auc = (s.get("eval") or {}).get("val_auc")
-        bars.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" AUC {auc:.3f}" if auc is not None else " n/a", va="center", fontsize=8)
+        bars.text(
+            bar.get_width(),
+            bar.get_y() + bar.get_height() / 2,
+            f" AUC {auc:.3f}" if auc is not None else " n/a",
+            va="center",
+            fontsize=8,
+        )
     bars.set_xlim(0, max(speeds) * 1.3 if speeds else 1)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -37,19 +37,43 @@ def table(rows: List[Dict[str, Any]], sizes: Dict[str, int], methods: Dict[str, 
     out = []
     for r in rows:
         precision = methods.get(r["name"], "fp32")
-        out.append({
-            "precision": precision, "framework": r["framework"], "format": r["format"], "runtime": r["runtime"], "file": r["name"],
-            "bytes": sizes.get(r["name"]), "top1": r.get("accuracy", {}).get("top1"), "latency": r.get("latency", {}),
-            "effective": effective(r.get("observed", {}).get("kernels")) if "error" not in r else f"FAILED: {r['error']}",
-            "kernels": r.get("observed", {}).get("kernels"), "baseline_runtime": r.get("baseline_runtime", r["runtime"]),
-        })  # fmt: skip
+        out.append(
+            {
+                "precision": precision,
+                "framework": r["framework"],
+                "format": r["format"],
+                "runtime": r["runtime"],
+                "file": r["name"],
+                "bytes": sizes.get(r["name"]),
+                "top1": r.get("accuracy", {}).get("top1"),
+                "latency": r.get("latency", {}),
+                "effective": effective(r.get("observed", {}).get("kernels"))
+                if "error" not in r
+                else f"FAILED: {r['error']}",
+                "kernels": r.get("observed", {}).get("kernels"),
+                "baseline_runtime": r.get("baseline_runtime", r["runtime"]),
+            }
+        )
     for row in out:
-        base = next((b for b in out if b["precision"] == "fp32" and b["format"] == row["format"] and b["runtime"] == row["baseline_runtime"]), None)
+        base = next(
+            (
+                b
+                for b in out
+                if b["precision"] == "fp32" and b["format"] == row["format"] and b["runtime"] == row["baseline_runtime"]
+            ),
+            None,
+        )
         row["size_vs_fp32"] = row["bytes"] / base["bytes"] if base and row["bytes"] and base["bytes"] else None
-        row["top1_delta_points"] = 100 * (row["top1"] - base["top1"]) if base and row["top1"] is not None and base["top1"] is not None else None
+        row["top1_delta_points"] = (
+            100 * (row["top1"] - base["top1"])
+            if base and row["top1"] is not None and base["top1"] is not None
+            else None
+        )
         row["speedup"] = {
-            b: base["latency"][b]["p50_ms"] / v["p50_ms"] for b, v in row["latency"].items() if base and b in base.get("latency", {})
-        }  # fmt: skip
+            b: base["latency"][b]["p50_ms"] / v["p50_ms"]
+            for b, v in row["latency"].items()
+            if base and b in base.get("latency", {})
+        }
     return out
 
 
@@ -90,17 +114,22 @@ def table_markdown_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
     rows = []
     for r in report["rows"]:
         b1, bn = r["latency"].get(small), r["latency"].get(large)
-        rows.append({
-            "framework": r["framework"], "precision": r["precision"], "runtime": r["runtime"], "file": r["file"],
-            "MB": f"{r['bytes'] / 1e6:.1f}" if r["bytes"] else "-",
-            "size vs fp32": f"{r['size_vs_fp32']:.0%}" if r["size_vs_fp32"] else "-",
-            "held-out top-1": f"{r['top1']:.4f}" if r["top1"] is not None else "-",
-            "vs fp32 (points)": f"{r['top1_delta_points']:+.2f}" if r["top1_delta_points"] is not None else "-",
-            f"p50 ms (batch {small})": f"{b1['p50_ms']:.2f}" if b1 else "-",
-            f"img/s (batch {large})": f"{bn['throughput_ips']:.0f}" if bn else "-",
-            f"speed-up (batch {large})": f"{r['speedup'][large]:.2f}x" if large in r["speedup"] else "-",
-            "effective": r["effective"],
-        })  # fmt: skip
+        rows.append(
+            {
+                "framework": r["framework"],
+                "precision": r["precision"],
+                "runtime": r["runtime"],
+                "file": r["file"],
+                "MB": f"{r['bytes'] / 1e6:.1f}" if r["bytes"] else "-",
+                "size vs fp32": f"{r['size_vs_fp32']:.0%}" if r["size_vs_fp32"] else "-",
+                "held-out top-1": f"{r['top1']:.4f}" if r["top1"] is not None else "-",
+                "vs fp32 (points)": f"{r['top1_delta_points']:+.2f}" if r["top1_delta_points"] is not None else "-",
+                f"p50 ms (batch {small})": f"{b1['p50_ms']:.2f}" if b1 else "-",
+                f"img/s (batch {large})": f"{bn['throughput_ips']:.0f}" if bn else "-",
+                f"speed-up (batch {large})": f"{r['speedup'][large]:.2f}x" if large in r["speedup"] else "-",
+                "effective": r["effective"],
+            }
+        )
     return rows
 
 
@@ -113,13 +142,17 @@ def markdown(report: Dict[str, Any], rows: Optional[List[Dict[str, str]]] = None
     if report["method"] == "qat":
         q = s["qat"]
         held = f", fake-quant held-out top-1 {q['held_out']['val_top1']:.4f}" if q.get("held_out") else ""
-        how = f"fine-tuned {q['steps']} steps at lr {q['lr']:g} with fake quantization (final loss {q['final_loss']:.4f}{held}; ONNX Runtime row: static PTQ)"
+        how = (
+            f"fine-tuned {q['steps']} steps at lr {q['lr']:g} with fake quantization "
+            f"(final loss {q['final_loss']:.4f}{held}; ONNX Runtime row: static PTQ)"
+        )
     else:
         how = f"calibration: {calibration}"
     return (
         md_table(rows)
-        + f"\n\n{report['method']} quantization in {report['framework']} of {report['source']['framework']} {report['source']['model']} step "
-        f"{report['source']['step']}; {how}; reduce_range (7-bit activations, where honoured): {s['reduce_range']}. Made by: "
+        + f"\n\n{report['method']} quantization in {report['framework']} of {report['source']['framework']} "
+        f"{report['source']['model']} step {report['source']['step']}; {how}; "
+        f"reduce_range (7-bit activations, where honoured): {s['reduce_range']}. Made by: "
         + "; ".join(f"{name}: {by}" for name, by in report.get("made_by", {}).items())
         + f". Held-out top-1 over {report['held_out']} samples; {report['threads']} thread(s) "
         f"for every runtime. CPU: {describe_cpu(report['cpu'], {})} "
@@ -137,17 +170,30 @@ def plot(rows: List[Dict[str, Any]], batches: List[int], path: Path) -> Path:
 
     large = str(max(batches))
     colors = {"fp32": "#555555", "dynamic": "#1f77b4", "static": "#2ca02c", "qat": "#d62728"}
-    unique = {(r["framework"], r["precision"], r["runtime"], r["file"]): r for r in reversed(rows)}  # a sweep measures fp32 in every job
+    unique = {
+        (r["framework"], r["precision"], r["runtime"], r["file"]): r for r in reversed(rows)
+    }  # a sweep measures fp32 in every job
     points = [r for r in unique.values() if r["top1"] is not None and large in r["latency"]]
     fig, ax = plt.subplots(figsize=(9, 5.5))
     biggest = max([r["bytes"] or 1 for r in points] or [1])
     for r in points:
         int8 = r["effective"].startswith("int8 kernels")
         color = colors.get(r["precision"], "grey")
-        ax.scatter(r["latency"][large]["throughput_ips"], r["top1"], s=30 + 400 * (r["bytes"] or 0) / biggest,
-                   facecolors=color if int8 else "none", edgecolors=color, marker=style.markers().get(r["framework"], "o"))  # fmt: skip
-        ax.annotate(f"{r['framework']} {r['runtime'].split(' (')[0]}", (r["latency"][large]["throughput_ips"], r["top1"]), fontsize=6,
-                    xytext=(4, 2), textcoords="offset points")  # fmt: skip
+        ax.scatter(
+            r["latency"][large]["throughput_ips"],
+            r["top1"],
+            s=30 + 400 * (r["bytes"] or 0) / biggest,
+            facecolors=color if int8 else "none",
+            edgecolors=color,
+            marker=style.markers().get(r["framework"], "o"),
+        )
+        ax.annotate(
+            f"{r['framework']} {r['runtime'].split(' (')[0]}",
+            (r["latency"][large]["throughput_ips"], r["top1"]),
+            fontsize=6,
+            xytext=(4, 2),
+            textcoords="offset points",
+        )
     ax.set_xscale("log")
     ax.set_xlabel(f"throughput at batch {large} (images/s, log scale)")
     ax.set_ylabel("held-out top-1")

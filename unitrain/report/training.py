@@ -10,7 +10,6 @@ as within noise rather than presented as a ranking.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import html
 import json
@@ -23,13 +22,25 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
-from unitrain.report.tables import html_table, markdown
+from unitrain.report import inference as inference_report
+from unitrain.report import ps as ps_report
+from unitrain.report import quantize as quantize_report
+from unitrain.report.tables import figure, html_table, markdown
 from unitrain.train.metrics import own_records
 
 # What may differ between compared runs without making the comparison unfair: the axes of
 # comparison themselves. Anything else (threads, data, image size, steps...) draws a warning,
 # unless a multirun swept it on purpose.
-COMPARED_KEYS = ("backend", "amp", "dist", "trainer.seed", "trainer.repeats", "profiler", "trainer.progress", "trainer.log_every")
+COMPARED_KEYS = (
+    "backend",
+    "amp",
+    "dist",
+    "trainer.seed",
+    "trainer.repeats",
+    "profiler",
+    "trainer.progress",
+    "trainer.log_every",
+)
 # Settings that change how a job was run, not what it computed: a resumed run repeats the
 # uninterrupted one step for step (tests/test_checkpoint.py), so where it resumed from is no
 # reason to doubt the comparison.
@@ -49,7 +60,9 @@ class Run:
     def label(self) -> str:
         s = self.summary
         tuned = " tuned" if settings_of(self) == "tuned" else ""
-        return f"{s['backend']}{tuned} {s['precision']['requested']}" + (f" x{s['world_size']}" if s["world_size"] > 1 else "")
+        return f"{s['backend']}{tuned} {s['precision']['requested']}" + (
+            f" x{s['world_size']}" if s["world_size"] > 1 else ""
+        )
 
     @property
     def own_steps(self) -> List[Dict[str, float]]:
@@ -104,9 +117,21 @@ def _swept_keys(run_dir: Path) -> List[str]:
 
 
 #: What a summary.json must hold to be compared (a run killed before its end has none of it).
-REQUIRED = ("backend", "framework", "version", "device", "threads", "seed", "world_size", "global_batch_size", "precision", "profiler")
+REQUIRED = (
+    "backend",
+    "framework",
+    "version",
+    "device",
+    "threads",
+    "seed",
+    "world_size",
+    "global_batch_size",
+    "precision",
+    "profiler",
+)
 FOOTNOTE = (
-    "samples/s: median over steps after warm-up (or over repeats); final loss/top-1: mean of the last 10 training steps "
+    "samples/s: median over steps after warm-up (or over repeats); final loss/top-1: mean of the last 10 training "
+    "steps "
     "(not the last step's value); held-out: the last evaluation on data the model did not train on."
 )
 
@@ -195,7 +220,12 @@ def throughput(group: List[Run]) -> Dict[str, float]:
     """Median samples/s and its spread: over repeats when there are several, else over steps (p10-p90)."""
     if len(group) > 1:
         medians = [statistics.median(_step_ips(r)) for r in group]
-        return {"median": statistics.median(medians), "low": min(medians), "high": max(medians), "over": f"{len(group)} repeats"}
+        return {
+            "median": statistics.median(medians),
+            "low": min(medians),
+            "high": max(medians),
+            "over": f"{len(group)} repeats",
+        }
     values = sorted(_step_ips(group[0]))
     pick = lambda q: values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]  # noqa: E731
     return {"median": statistics.median(values), "low": pick(0.1), "high": pick(0.9), "over": f"{len(values)} steps"}
@@ -228,7 +258,9 @@ def _time_to_accuracy_cell(group: List[Run], target: float) -> str:
     if len(group) == 1:
         return f"{seconds[0]:.1f} s, step {steps[0]}"
     missed = f"; not reached in {len(group) - len(hits)}" if len(hits) < len(group) else ""
-    return f"{statistics.median(seconds):.1f} s ({min(seconds):.1f}-{max(seconds):.1f}), step {statistics.median(steps):g} over {len(hits)} repeats{missed}"
+    spread = f"{min(seconds):.1f}-{max(seconds):.1f}"
+    step = statistics.median(steps)
+    return f"{statistics.median(seconds):.1f} s ({spread}), step {step:g} over {len(hits)} repeats{missed}"
 
 
 def _held_out(group: List[Run], key: str, fmt: str) -> str:
@@ -248,8 +280,10 @@ def mixed_framework_warnings(runs: List[Run]) -> List[str]:
                 others.setdefault(record["framework"], []).append(record["step"])
         for framework, steps in others.items():
             warnings.append(
-                f"{run.label} ({run.dir.name}) continued a {framework} run: steps {min(steps)}-{max(steps)}, their time and held-out "
-                f"results are {framework}'s, so its time to target and curves mix two frameworks; its samples/s counts its own steps only"
+                f"{run.label} ({run.dir.name}) continued a {framework} run: steps {min(steps)}-{max(steps)}, their "
+                "time and held-out "
+                f"results are {framework}'s, so its time to target and curves mix two frameworks; its samples/s "
+                "counts its own steps only"
             )
     return warnings
 
@@ -271,17 +305,16 @@ def fairness_warnings(runs: List[Run]) -> List[str]:
         values = {str(r.summary.get(fact)) for r in runs}
         if len(values) > 1 and not allowed(key) and not any(w.startswith(f"runs differ in {key} ") for w in warnings):
             warnings.append(f"runs differ in {fact} ({' vs '.join(sorted(values))}): the comparison would not be fair")
-    generic = sorted({r.summary["blas"] for r in runs if "generic kernels" in r.summary.get("blas", "")})
-    if generic:
-        warnings.append(
-            f"paddle ran {generic[0]}: its MKL chooses by CPU vendor and leaves a CPU that is not Intel's on them, so Paddle's "
-            "convolutions and matmuls ran below this CPU's speed; backend.tuned=true runs MKL's AVX2 kernels (README: Paddle's MKL on AMD CPUs)"
-        )
+    # What a backend observed that slowed its own run (summary.json's speed_warnings).
+    warnings += sorted({w for r in runs for w in r.summary.get("speed_warnings", [])})
     return warnings + mixed_framework_warnings(runs)
 
 
 def table_rows(
-    groups: List[List[Run]], baseline: int = 0, target_loss: Optional[float] = None, target_accuracy: Optional[float] = None
+    groups: List[List[Run]],
+    baseline: int = 0,
+    target_loss: Optional[float] = None,
+    target_accuracy: Optional[float] = None,
 ) -> List[Dict[str, str]]:
     held_out = any(r.summary.get("eval") for g in groups for r in g)
     # A tuned row is never ranked against a same-settings row: each row's ratio refers to the
@@ -290,38 +323,54 @@ def table_rows(
     rows = []
     for i, group in enumerate(groups):
         ref = baseline if settings[baseline] == settings[i] else settings.index(settings[i])
-        base = throughput(groups[ref])
-        s, t = group[0].summary, throughput(group)
-        finals = [r.summary.get("final") or {} for r in group]
-        ratio = t["median"] / base["median"] if base["median"] else float("nan")
-        overlap = i != ref and t["low"] <= base["high"] and base["low"] <= t["high"]
-        memory = max((r.summary.get("memory") or {}).get("peak_host_rss_mb", [0]) for r in group)
-        reached = [time_to_loss(r, target_loss) for r in group] if target_loss is not None else []
-        p = s["precision"]
-        rows.append({
-            "backend": s["backend"],
-            "amp requested": p["requested"],
-            "amp effective": p["effective"],
-            "world": str(s["world_size"]),
-            "global batch": str(s["global_batch_size"]),
-            "settings": settings[i],
-            "samples/s": f"{t['median']:.1f}",
-            "spread": f"{t['low']:.1f}-{t['high']:.1f} ({t['over']})",
-            "vs baseline": ("baseline" if ref == baseline else f"baseline ({settings[i]})") if i == ref
-            else f"x{ratio:.2f}" + (" (within noise)" if overlap else ""),
-            "reader ratio": f"{100 * (s.get('profiler') or {}).get('reader_ratio', 0):.1f}%",
-            "peak RSS MB": f"{max(memory):.0f}" if memory else "n/a",
-            "final loss": _mean_of(finals, "loss", ".4f"),
-            "final top-1": _mean_of(finals, "top1", ".3f"),
-            **({"held-out loss": _held_out(group, "val_loss", ".4f"), "held-out top-1": _held_out(group, "val_top1", ".4f")} if held_out else {}),
-            **({"time to loss": ", ".join("not reached" if r is None else f"{r:.1f} s" for r in reached)} if target_loss is not None else {}),
-            **({f"time to top-1 {target_accuracy:g}": _time_to_accuracy_cell(group, target_accuracy)} if target_accuracy is not None else {}),
-        })  # fmt: skip
+        row = _measured(
+            group, groups[ref], i == ref, settings[i], "baseline" if ref == baseline else f"baseline ({settings[i]})"
+        )
+        if held_out:
+            row.update(
+                {
+                    "held-out loss": _held_out(group, "val_loss", ".4f"),
+                    "held-out top-1": _held_out(group, "val_top1", ".4f"),
+                }
+            )
+        if target_loss is not None:
+            reached = [time_to_loss(r, target_loss) for r in group]
+            row["time to loss"] = ", ".join("not reached" if r is None else f"{r:.1f} s" for r in reached)
+        if target_accuracy is not None:
+            row[f"time to top-1 {target_accuracy:g}"] = _time_to_accuracy_cell(group, target_accuracy)
+        rows.append(row)
     return rows
 
 
+def _measured(
+    group: List[Run], reference: List[Run], is_reference: bool, settings: str, reference_name: str
+) -> Dict[str, str]:
+    """A row's own cells: what ran, its throughput against its reference row's, memory, losses."""
+    s, t, base = group[0].summary, throughput(group), throughput(reference)
+    finals = [r.summary.get("final") or {} for r in group]
+    ratio = t["median"] / base["median"] if base["median"] else float("nan")
+    overlap = not is_reference and t["low"] <= base["high"] and base["low"] <= t["high"]
+    memory = max((r.summary.get("memory") or {}).get("peak_host_rss_mb", [0]) for r in group)
+    p = s["precision"]
+    return {
+        "backend": s["backend"],
+        "amp requested": p["requested"],
+        "amp effective": p["effective"],
+        "world": str(s["world_size"]),
+        "global batch": str(s["global_batch_size"]),
+        "settings": settings,
+        "samples/s": f"{t['median']:.1f}",
+        "spread": f"{t['low']:.1f}-{t['high']:.1f} ({t['over']})",
+        "vs baseline": reference_name if is_reference else f"x{ratio:.2f}" + (" (within noise)" if overlap else ""),
+        "reader ratio": f"{100 * (s.get('profiler') or {}).get('reader_ratio', 0):.1f}%",
+        "peak RSS MB": f"{max(memory):.0f}" if memory else "n/a",
+        "final loss": _mean_of(finals, "loss", ".4f"),
+        "final top-1": _mean_of(finals, "top1", ".3f"),
+    }
+
+
 def settings_of(run: Run) -> str:
-    """"tuned" or "same settings", from what the run recorded (runs that recorded no reading: same)."""
+    """ "tuned" or "same settings", from what the run recorded (runs that recorded no reading: same)."""
     return (run.summary.get("tuning") or {}).get("settings", "same settings")
 
 
@@ -348,40 +397,65 @@ def environment(runs: List[Run]) -> List[Dict[str, str]]:
 
 
 def plot(groups: List[List[Run]], out: Path) -> List[Path]:
+    """curves.png, held_out.png (when there are evaluations), throughput.png, step_time.png."""
     import matplotlib
 
     matplotlib.use("Agg")
+    files = [_save(_curves(groups), out / "curves.png")]
+    if any(r.evals for g in groups for r in g):
+        files.append(_save(_held_out_curves(groups), out / "held_out.png"))
+    files.append(_save(_throughput_bars(groups), out / "throughput.png"))
+    files.append(_save(_step_time_bars(groups), out / "step_time.png"))
+    return files
+
+
+def _curves(groups: List[List[Run]]):
     import matplotlib.pyplot as plt
 
-    files = []
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     for group in groups:
         for j, run in enumerate(group):
             steps = [r["step"] for r in run.metrics]
             label = run.label if j == 0 else None
             color = None if j == 0 else ax_loss.lines[-1].get_color()
-            ax_loss.plot(steps, [r["loss"] for r in run.metrics], label=label, color=color, alpha=1.0 if j == 0 else 0.5)
+            ax_loss.plot(
+                steps, [r["loss"] for r in run.metrics], label=label, color=color, alpha=1.0 if j == 0 else 0.5
+            )
             ax_acc.plot(steps, [r["top1"] for r in run.metrics], label=label, color=color, alpha=1.0 if j == 0 else 0.5)
     ax_loss.set(title="training loss", xlabel="step", ylabel="loss")
     ax_acc.set(title="top-1 accuracy (training batches)", xlabel="step", ylabel="top-1", ylim=(0, 1.02))
     ax_loss.legend(fontsize=8)
     fig.tight_layout()
-    files.append(_save(fig, out / "curves.png"))
+    return fig
 
-    if any(r.evals for g in groups for r in g):
-        fig, (ax_step, ax_time) = plt.subplots(1, 2, figsize=(11, 4))
-        for group in groups:
-            for j, run in enumerate(group):
-                if not run.evals:
-                    continue
-                style = {"label": run.label if j == 0 else None, "alpha": 1.0 if j == 0 else 0.5, "marker": "o", "markersize": 3}
-                line = ax_step.plot([r["step"] for r in run.evals], [r["val_top1"] for r in run.evals], **style)[0]
-                ax_time.plot([r["elapsed_s"] for r in run.evals], [r["val_top1"] for r in run.evals], color=line.get_color(), **style)
-        ax_step.set(title="held-out top-1 by step", xlabel="step", ylabel="held-out top-1")
-        ax_time.set(title="held-out top-1 by wall time (training + evaluation)", xlabel="seconds", ylabel="held-out top-1")
-        ax_step.legend(fontsize=8)
-        fig.tight_layout()
-        files.append(_save(fig, out / "held_out.png"))
+
+def _held_out_curves(groups: List[List[Run]]):
+    import matplotlib.pyplot as plt
+
+    fig, (ax_step, ax_time) = plt.subplots(1, 2, figsize=(11, 4))
+    for group in groups:
+        for j, run in enumerate(group):
+            if not run.evals:
+                continue
+            style = {
+                "label": run.label if j == 0 else None,
+                "alpha": 1.0 if j == 0 else 0.5,
+                "marker": "o",
+                "markersize": 3,
+            }
+            line = ax_step.plot([r["step"] for r in run.evals], [r["val_top1"] for r in run.evals], **style)[0]
+            ax_time.plot(
+                [r["elapsed_s"] for r in run.evals], [r["val_top1"] for r in run.evals], color=line.get_color(), **style
+            )
+    ax_step.set(title="held-out top-1 by step", xlabel="step", ylabel="held-out top-1")
+    ax_time.set(title="held-out top-1 by wall time (training + evaluation)", xlabel="seconds", ylabel="held-out top-1")
+    ax_step.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def _throughput_bars(groups: List[List[Run]]):
+    import matplotlib.pyplot as plt
 
     labels = [g[0].label for g in groups]
     t = [throughput(g) for g in groups]
@@ -392,8 +466,13 @@ def plot(groups: List[List[Run]], out: Path) -> List[Path]:
     ax.set(title="throughput (median, spread)", ylabel="samples/s")
     ax.tick_params(axis="x", rotation=20)
     fig.tight_layout()
-    files.append(_save(fig, out / "throughput.png"))
+    return fig
 
+
+def _step_time_bars(groups: List[List[Run]]):
+    import matplotlib.pyplot as plt
+
+    labels = [g[0].label for g in groups]
     fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(groups)), 4))
     reader = [statistics.median(r["reader_cost"] for r in g[0].own_steps) * 1e3 for g in groups]
     compute = [statistics.median(r["batch_cost"] - r["reader_cost"] for r in g[0].own_steps) * 1e3 for g in groups]
@@ -403,8 +482,7 @@ def plot(groups: List[List[Run]], out: Path) -> List[Path]:
     ax.tick_params(axis="x", rotation=20)
     ax.legend()
     fig.tight_layout()
-    files.append(_save(fig, out / "step_time.png"))
-    return files
+    return fig
 
 
 def _save(fig, path: Path) -> Path:
@@ -430,11 +508,11 @@ def inference_results(dirs: Sequence[str | Path], warn=None) -> List[Tuple[Path,
     return found
 
 
-def write_html(path: Path, rows, env, warnings, images: List[Path], note: str = FOOTNOTE, inference=(), quantized=(), ps_found=()) -> None:
+def write_html(
+    path: Path, rows, env, warnings, images: List[Path], note: str = FOOTNOTE, inference=(), quantized=(), ps_found=()
+) -> None:
     """One file with everything inlined (images as data URIs): opens in a browser, no server."""
-    imgs = "".join(
-        f'<figure><img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}"></figure>' for p in images
-    )
+    imgs = "".join(figure(p, p.stem) for p in images)
     warn = "".join(f"<li>{html.escape(w)}</li>" for w in warnings)
     path.write_text(
         "<!doctype html><html><head><meta charset='utf-8'><title>unitrain comparison</title><style>"
@@ -444,42 +522,51 @@ def write_html(path: Path, rows, env, warnings, images: List[Path], note: str = 
         "</style></head><body><h1>unitrain comparison</h1>"
         + (f"<div class='warn'><strong>Not a fair comparison:</strong><ul>{warn}</ul></div>" if warnings else "")
         + ("<h2>Results</h2>" + html_table(rows) + f"<p><small>{html.escape(note)}</small></p>" if rows else "")
-        + _ps_html(ps_found) + "<h2>Plots</h2>" + imgs
-        + "".join(_inference_html(f, result) for f, result in inference) + _quantize_html(quantized)
-        + "<h2>Environment</h2>" + html_table(env)
+        + _ps_html(ps_found)
+        + "<h2>Plots</h2>"
+        + imgs
+        + "".join(_inference_html(f, result) for f, result in inference)
+        + _quantize_html(quantized)
+        + "<h2>Environment</h2>"
+        + html_table(env)
         + "</body></html>",
         encoding="utf-8",
-    )  # fmt: skip
+    )
 
 
 def _ps_html(ps_found) -> str:
     if not ps_found:
         return ""
-    from unitrain.report.ps import NOTE, rows
-
-    return "<h2>Parameter server</h2>" + html_table(rows(ps_found)) + f"<p><small>{html.escape(NOTE)}</small></p>"
+    return (
+        "<h2>Parameter server</h2>"
+        + html_table(ps_report.rows(ps_found))
+        + f"<p><small>{html.escape(ps_report.NOTE)}</small></p>"
+    )
 
 
 def _inference_html(file: Path, result: Dict[str, Any]) -> str:
-    from unitrain.report.inference import markdown as inference_markdown, table_rows as inference_rows
-
     png = file.parent / "inference.png"
-    img = f'<figure><img alt="inference" src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"></figure>' if png.exists() else ""
-    note = inference_markdown(result).rsplit("\n\n", 1)[-1]
-    return f"<h2>Inference ({html.escape(str(file))})</h2>" + html_table(inference_rows(result)) + f"<p><small>{html.escape(note)}</small></p>" + img
+    img = figure(png, "inference") if png.exists() else ""
+    note = inference_report.markdown(result).rsplit("\n\n", 1)[-1]
+    return (
+        f"<h2>Inference ({html.escape(str(file))})</h2>"
+        + html_table(inference_report.table_rows(result))
+        + f"<p><small>{html.escape(note)}</small></p>"
+        + img
+    )
 
 
 def _quantize_html(quantized) -> str:
     if not quantized:
         return ""
-    from unitrain.report.quantize import combined_markdown, combined_rows, plot
-
     reports = [report for _, report in quantized]
-    rows = combined_rows(reports)
+    rows = quantize_report.combined_rows(reports)
     with tempfile.TemporaryDirectory() as tmp:
-        png = plot([row for r in reports for row in r["rows"]], reports[0]["batches"], Path(tmp) / "quantize.png")
-        img = f'<figure><img alt="quantization" src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}"></figure>'
-    note = combined_markdown(reports).split("\n\n", 1)[-1]
+        png = quantize_report.plot(
+            [row for r in reports for row in r["rows"]], reports[0]["batches"], Path(tmp) / "quantize.png"
+        )
+        img = figure(png, "quantization")
+    note = quantize_report.combined_markdown(reports).split("\n\n", 1)[-1]
     return "<h2>Quantization</h2>" + html_table(rows) + f"<p><small>{html.escape(note)}</small></p>" + img
 
 
@@ -493,23 +580,31 @@ def _training_runs(dirs: Sequence[str | Path], ps_found) -> List[Run]:
         raise
 
 
-def table(dirs: Sequence[str | Path], baseline: int = 0, target_loss: Optional[float] = None, target_accuracy: Optional[float] = None) -> str:
+def table(
+    dirs: Sequence[str | Path],
+    baseline: int = 0,
+    target_loss: Optional[float] = None,
+    target_accuracy: Optional[float] = None,
+) -> str:
     """The comparison table alone (no plots): what a single run prints at its end."""
-    from unitrain.report import ps as ps_report
-
     ps_found = ps_report.results(dirs)
     runs = _training_runs(dirs, ps_found)
-    parts = [markdown(table_rows(group_repeats(runs), baseline, target_loss, target_accuracy)) + "\n\n" + FOOTNOTE] if runs else []
+    parts = (
+        [markdown(table_rows(group_repeats(runs), baseline, target_loss, target_accuracy)) + "\n\n" + FOOTNOTE]
+        if runs
+        else []
+    )
     return "\n\n".join(parts + ([ps_report.markdown(ps_found)] if ps_found else []))
 
 
 def write_report(
-    dirs: Sequence[str | Path], out: str | Path | None = None, baseline: int = 0, target_loss: Optional[float] = None,
+    dirs: Sequence[str | Path],
+    out: str | Path | None = None,
+    baseline: int = 0,
+    target_loss: Optional[float] = None,
     target_accuracy: Optional[float] = None,
 ) -> str:
     """Write comparison.md, the plots and report.html into ``out``; return the Markdown."""
-    from unitrain.report import ps as ps_report
-
     ps_found = ps_report.results(dirs)
     runs = _training_runs(dirs, ps_found)
     out = Path(out or dirs[0])
@@ -528,14 +623,12 @@ def write_report(
         text += "\n\nWARNING: " + "\nWARNING: ".join(warnings)
     inference = inference_results(dirs)
     if inference:
-        from unitrain.report.inference import markdown as inference_markdown
-
-        text += "".join(f"\n\n## Inference ({f})\n\n" + inference_markdown(result) for f, result in inference)
-    from unitrain.report.quantize import combined_markdown, results as quantize_results
-
-    quantized = quantize_results(dirs)
+        text += "".join(f"\n\n## Inference ({f})\n\n" + inference_report.markdown(result) for f, result in inference)
+    quantized = quantize_report.results(dirs)
     if quantized:
-        text += "\n\n## Quantization\n\n" + combined_markdown([report for _, report in quantized])
+        text += "\n\n## Quantization\n\n" + quantize_report.combined_markdown([report for _, report in quantized])
     (out / "comparison.md").write_text(text + "\n\n## Environment\n\n" + markdown(env) + "\n")
-    write_html(out / "report.html", rows, env, warnings, images, inference=inference, quantized=quantized, ps_found=ps_found)
+    write_html(
+        out / "report.html", rows, env, warnings, images, inference=inference, quantized=quantized, ps_found=ps_found
+    )
     return text

@@ -35,7 +35,9 @@ class CheckpointError(UnitrainError):
     """A checkpoint that cannot be used here; nothing was changed."""
 
 
-def save_checkpoint(run_dir: Path, step: int, epoch: int, backend, model, optimizer, precision, config: Dict[str, Any]) -> Path:
+def save_checkpoint(
+    run_dir: Path, step: int, epoch: int, backend, model, optimizer, precision, config: Dict[str, Any]
+) -> Path:
     root = Path(run_dir) / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final, tmp = root / f"step{step}", root / f".tmp-step{step}-{os.getpid()}"
@@ -43,7 +45,15 @@ def save_checkpoint(run_dir: Path, step: int, epoch: int, backend, model, optimi
     tmp.mkdir()
     np.savez(tmp / "model.npz", **backend.state_arrays(model))
     backend.save_training_state(tmp / "training_state", optimizer, {"precision": precision.state_dict()})
-    meta = {"format": FORMAT, "framework": backend.name, "model": config["model"]["name"], "step": step, "epoch": epoch, "time": time.time(), "config": config}
+    meta = {
+        "format": FORMAT,
+        "framework": backend.name,
+        "model": config["model"]["name"],
+        "step": step,
+        "epoch": epoch,
+        "time": time.time(),
+        "config": config,
+    }
     (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
     if final.exists():  # the same step saved again (a re-run into the same directory)
         shutil.rmtree(final)
@@ -69,7 +79,9 @@ def checkpoint_run_dir(path: Path) -> Path:
 
 
 def _step_dirs(root: Path) -> List[Path]:
-    found = [(int(m.group(1)), p) for p in root.glob("step*") if p.is_dir() and (m := re.fullmatch(r"step(\d+)", p.name))]
+    found = [
+        (int(m.group(1)), p) for p in root.glob("step*") if p.is_dir() and (m := re.fullmatch(r"step(\d+)", p.name))
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -77,7 +89,9 @@ def clean_partial_checkpoints(run_dir: Path) -> None:
     """Remove what a write killed part-way left behind (hidden temporary directories and files):
     nothing refers to them, and each can be as large as a checkpoint."""
     root = Path(run_dir) / "checkpoints"
-    leftovers = [p for p in root.glob(".tmp-*")] + [p for p in root.glob(".latest-*")] + [p for p in root.glob(".old-*")]
+    leftovers = (
+        [p for p in root.glob(".tmp-*")] + [p for p in root.glob(".latest-*")] + [p for p in root.glob(".old-*")]
+    )
     for p in leftovers:
         shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
     if leftovers:
@@ -102,7 +116,11 @@ def prune_checkpoints(run_dir: Path, keep: int) -> None:
 
 
 def find_checkpoint(
-    spec: str, search: Iterable[Path], exclude: Path | None = None, key: str = "trainer.resume", fits: Optional[Dict[str, str]] = None
+    spec: str,
+    search: Iterable[Path],
+    exclude: Path | None = None,
+    key: str = "trainer.resume",
+    fits: Optional[Dict[str, str]] = None,
 ) -> Path:
     """A checkpoint from a path (checkpoint or run directory) or ``latest``: the newest under
     ``search`` whose meta matches ``fits`` (framework and model), so that ``latest`` never
@@ -126,7 +144,9 @@ def find_checkpoint(
     ]
     candidates = [c for c in candidates if (c / "meta.json").exists()]
     if not candidates:
-        raise CheckpointError(f"{key}=latest: no checkpoint under {where}; allowed: a checkpoint directory, a run directory, or latest")
+        raise CheckpointError(
+            f"{key}=latest: no checkpoint under {where}; allowed: a checkpoint directory, a run directory, or latest"
+        )
     fitting = [c for c in candidates if _meta_fits(c, fits)]
     if not fitting:
         wanted = ", ".join(f"{k}={v}" for k, v in (fits or {}).items())
@@ -153,7 +173,9 @@ def read_meta(path: Path) -> Dict[str, Any]:
     except (OSError, ValueError) as err:
         raise CheckpointError(f"checkpoint {path} is unreadable: meta.json: {err}") from None
     if meta.get("format") != FORMAT:
-        raise CheckpointError(f"checkpoint {path} has format {meta.get('format')!r}; this unitrain reads format {FORMAT}")
+        raise CheckpointError(
+            f"checkpoint {path} has format {meta.get('format')!r}; this unitrain reads format {FORMAT}"
+        )
     return meta
 
 
@@ -184,14 +206,18 @@ def load_checkpoint(path: Path, backend, model_name: str, model, optimizer, prec
         log.warning(
             "checkpoint %s was written by %s: its weights were converted to %s exactly; its optimizer state "
             "(momentum), loss scaler and RNG states do not carry across frameworks and start fresh",
-            path, meta["framework"], backend.name,
-        )  # fmt: skip
+            path,
+            meta["framework"],
+            backend.name,
+        )
         return meta
     try:
         extra = backend.load_training_state(path / "training_state", optimizer)
     except UnitrainError:
         raise
     except Exception as err:  # noqa: BLE001 - framework loaders raise anything on a bad file
-        raise CheckpointError(f"checkpoint {path} is corrupt or truncated: training_state: {type(err).__name__}: {err}") from None
+        raise CheckpointError(
+            f"checkpoint {path} is corrupt or truncated: training_state: {type(err).__name__}: {err}"
+        ) from None
     precision.load_state_dict(extra.get("precision", {}))
     return meta

@@ -15,9 +15,9 @@ from typing import Dict, Iterator, List
 
 import numpy as np
 
+from unitrain.data.datasets import guard
 from unitrain.interface.backend import Backend
 from unitrain.interface.evaluation import evaluation_module
-from unitrain.data.datasets import guard
 
 
 class HeldOutBatches:
@@ -74,7 +74,12 @@ class Evaluator:
                     logits = model(precision.convert_input(images))
                 logits = self.backend.to_numpy(logits).astype(np.float64)
                 labels = self.backend.to_numpy(labels).reshape(-1).astype(np.int64)
-                sums += (cross_entropy_sum(logits, labels), correct_in_topk(logits, labels, 1), correct_in_topk(logits, labels, 5), len(labels))
+                sums += (
+                    cross_entropy_sum(logits, labels),
+                    correct_in_topk(logits, labels, 1),
+                    correct_in_topk(logits, labels, 5),
+                    len(labels),
+                )
         loss, top1, top5, count = self.dist.all_reduce(sums, "sum")
         return {
             "val_loss": loss / count,

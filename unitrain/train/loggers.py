@@ -32,7 +32,9 @@ class TensorBoardSink(MetricSink):
         try:
             from tensorboardX import SummaryWriter
         except ImportError:
-            raise BackendUnavailableError("trainer.loggers=[tensorboard] needs tensorboardX: pip install 'unitrain[tensorboard]'") from None
+            raise BackendUnavailableError(
+                "trainer.loggers=[tensorboard] needs tensorboardX: pip install 'unitrain[tensorboard]'"
+            ) from None
         self.writer = SummaryWriter(logdir=str(log_dir))
 
     def scalar(self, tag: str, step: int, value: float) -> None:
@@ -44,7 +46,9 @@ class VisualDLSink(MetricSink):
         try:
             from visualdl import LogWriter
         except ImportError:
-            raise BackendUnavailableError("trainer.loggers=[visualdl] needs VisualDL: pip install 'unitrain[visualdl]'") from None
+            raise BackendUnavailableError(
+                "trainer.loggers=[visualdl] needs VisualDL: pip install 'unitrain[visualdl]'"
+            ) from None
         self.writer = LogWriter(logdir=str(log_dir))
 
     def scalar(self, tag: str, step: int, value: float) -> None:

@@ -142,7 +142,8 @@ class NonFiniteWatch:
             return
         if self.policy == "stop":
             raise NonFiniteLossError(
-                f"the loss is {loss} at step {step}, so the parameters are no longer usable; lower optim.lr (base {self.lr:g}), "
+                f"the loss is {loss} at step {step}, so the parameters are no longer usable; lower optim.lr (base "
+                f"{self.lr:g}), "
                 "or set trainer.on_nonfinite=warn to train on regardless"
             )
         if not self.warned:

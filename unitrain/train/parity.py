@@ -106,14 +106,25 @@ def _side(name: str, cfg: ParityConfig, dataset: Any, threads: int) -> Tuple[_Si
     backend.seed(cfg.trainer.seed)
     determinism = backend.set_deterministic()
     num_classes = getattr(dataset, "num_classes", cfg.data.num_classes)
-    model = backend.build_model(cfg.model.name, num_classes, "cpu", cfg.model.zero_init_residual, "shared", cfg.trainer.seed)
+    model = backend.build_model(
+        cfg.model.name, num_classes, "cpu", cfg.model.zero_init_residual, "shared", cfg.trainer.seed
+    )
     seed = cfg.trainer.seed
-    sampler = DistributedBatchSampler(len(dataset), cfg.trainer.batch_size, shuffle=cfg.data.shuffle, seed=seed, drop_last=True)
+    sampler = DistributedBatchSampler(
+        len(dataset), cfg.trainer.batch_size, shuffle=cfg.data.shuffle, seed=seed, drop_last=True
+    )
     if len(sampler) < cfg.steps:
         raise ConfigError("steps", cfg.steps, f"at most {len(sampler)} (batches in the data)")
     model.train()
     batches = iter(backend.make_loader(dataset, sampler))
-    side = _Side(name=name, backend=backend, model=model, optimizer=backend.build_optimizer(model, cfg.optim), batches=batches, outputs=[])
+    side = _Side(
+        name=name,
+        backend=backend,
+        model=model,
+        optimizer=backend.build_optimizer(model, cfg.optim),
+        batches=batches,
+        outputs=[],
+    )
     return side, determinism
 
 
@@ -128,15 +139,17 @@ def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
     for step in range(cfg.steps):
         (loss_a, state_a), (loss_b, state_b) = (side.step(step == 0, cfg.optim.label_smoothing) for side in (a, b))
         abs_diff = abs(loss_a - loss_b)
-        records.append({
-            "step": step + 1,
-            f"loss_{a.name}": loss_a,
-            f"loss_{b.name}": loss_b,
-            "abs_diff": abs_diff,
-            "rel_diff": abs_diff / max(abs(loss_b), 1e-12),
-            "max_param_diff": parameter_diff(state_a, state_b),
-            "running_stat_rel_diff": running_stat_diff(state_a, state_b),
-        })  # fmt: skip
+        records.append(
+            {
+                "step": step + 1,
+                f"loss_{a.name}": loss_a,
+                f"loss_{b.name}": loss_b,
+                "abs_diff": abs_diff,
+                "rel_diff": abs_diff / max(abs(loss_b), 1e-12),
+                "max_param_diff": parameter_diff(state_a, state_b),
+                "running_stat_rel_diff": running_stat_diff(state_a, state_b),
+            }
+        )
     worst = max(r["rel_diff"] for r in records)
     worst_stats = max(r["running_stat_rel_diff"] for r in records)
     activations = first_divergence(a.outputs, b.outputs, cfg.activation_tolerance)

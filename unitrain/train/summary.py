@@ -43,10 +43,16 @@ def ranks_in_sync(backend: Backend, dist: DistributedContext, model: Native, sav
     # Sums over the finite values plus counts of the others: NaN != NaN would make ranks that
     # diverged identically to NaN look out of sync.
     finite = values[np.isfinite(values)]
-    fingerprint = np.array([
-        finite.sum(), (finite * finite).sum(), np.abs(finite).sum(),
-        np.isnan(values).sum(), np.isposinf(values).sum(), np.isneginf(values).sum(),
-    ])  # fmt: skip
+    fingerprint = np.array(
+        [
+            finite.sum(),
+            (finite * finite).sum(),
+            np.abs(finite).sum(),
+            np.isnan(values).sum(),
+            np.isposinf(values).sum(),
+            np.isneginf(values).sum(),
+        ]
+    )
     # One collective: the max of (x, -x) gives every rank's largest and smallest value.
     extremes = dist.all_reduce(np.concatenate([fingerprint, -fingerprint]), "max")
     n = len(fingerprint)
@@ -56,16 +62,27 @@ def ranks_in_sync(backend: Backend, dist: DistributedContext, model: Native, sav
     return in_sync
 
 
-def trace_summary(tracer: Tracer, trace_file: Optional[Path], window: range, run_dir: Path, rank: int) -> Optional[Dict[str, Any]]:
+def trace_summary(
+    tracer: Tracer, trace_file: Optional[Path], window: range, run_dir: Path, rank: int
+) -> Optional[Dict[str, Any]]:
     """The trace file and its top operators by self time (also as top_ops.rank<r>.md); None
     when the step window was never reached."""
     if trace_file is None:
-        log.warning("profiler.mode=trace: the step window [%d, %d) was not reached, so no trace was written", window.start, window.stop)
+        log.warning(
+            "profiler.mode=trace: the step window [%d, %d) was not reached, so no trace was written",
+            window.start,
+            window.stop,
+        )
         return None
     rows = top_operators(load_events(trace_file), tracer.op_categories, tracer.normalize)
     (run_dir / f"top_ops.rank{rank}.md").write_text(operators_markdown(rows) + "\n")
     if rank == 0:
-        log.info("top operators by self time (rank 0, steps %d-%d):\n%s", window.start + 1, window.stop, operators_markdown(rows[:10]))
+        log.info(
+            "top operators by self time (rank 0, steps %d-%d):\n%s",
+            window.start + 1,
+            window.stop,
+            operators_markdown(rows[:10]),
+        )
     return {"file": Path(trace_file).name, "top_operators": rows}
 
 

@@ -18,7 +18,9 @@ def load_events(path: str | Path) -> List[dict]:
     return data["traceEvents"] if isinstance(data, dict) else data
 
 
-def top_operators(events: Iterable[dict], categories: Iterable[str], normalize: Callable[[str], str] = str, n: int = 15) -> List[Dict]:
+def top_operators(
+    events: Iterable[dict], categories: Iterable[str], normalize: Callable[[str], str] = str, n: int = 15
+) -> List[Dict]:
     """The ``n`` operators with the most self time: name, calls, self and total milliseconds, share."""
     categories = set(categories)
     by_thread: Dict[tuple, List[dict]] = defaultdict(list)
@@ -43,7 +45,13 @@ def top_operators(events: Iterable[dict], categories: Iterable[str], normalize: 
             _close(stack.pop(), stats)
     total_self = sum(s["self_us"] for s in stats.values()) or 1.0
     rows = [
-        {"name": name, "calls": int(s["calls"]), "self_ms": s["self_us"] / 1e3, "total_ms": s["total_us"] / 1e3, "self_share": s["self_us"] / total_self}
+        {
+            "name": name,
+            "calls": int(s["calls"]),
+            "self_ms": s["self_us"] / 1e3,
+            "total_ms": s["total_us"] / 1e3,
+            "self_share": s["self_us"] / total_self,
+        }
         for name, s in stats.items()
     ]
     return sorted(rows, key=lambda r: r["self_ms"], reverse=True)[:n]
@@ -56,5 +64,8 @@ def _close(frame: list, stats) -> None:
 
 def operators_markdown(rows: List[Dict]) -> str:
     lines = ["| operator | calls | self ms | total ms | self share |", "|---|---|---|---|---|"]
-    lines += [f"| {r['name']} | {r['calls']} | {r['self_ms']:.3f} | {r['total_ms']:.3f} | {100 * r['self_share']:.1f}% |" for r in rows]
+    lines += [
+        f"| {r['name']} | {r['calls']} | {r['self_ms']:.3f} | {r['total_ms']:.3f} | {100 * r['self_share']:.1f}% |"
+        for r in rows
+    ]
     return "\n".join(lines)

@@ -180,9 +180,16 @@ class Trainer:
         if dist.is_main_process:
             clean_partial_checkpoints(self.run_dir)
         held_out = build_heldout_dataset(cfg.data, seed=cfg.trainer.seed)
-        evaluator = Evaluator(backend, held_out, dist, cfg.trainer.eval_batch_size, cfg.data.num_workers) if held_out is not None else None
+        evaluator = (
+            Evaluator(backend, held_out, dist, cfg.trainer.eval_batch_size, cfg.data.num_workers)
+            if held_out is not None
+            else None
+        )
         if cfg.data.augment != "none":
-            dataset, sampler = AugmentedDataset(dataset, cfg.trainer.seed, cfg.data.augment), EpochKeyedBatches(sampler, len(dataset))
+            dataset, sampler = (
+                AugmentedDataset(dataset, cfg.trainer.seed, cfg.data.augment),
+                EpochKeyedBatches(sampler, len(dataset)),
+            )
         return Job(
             dist=dist,
             precision=precision,
@@ -230,13 +237,22 @@ class Trainer:
                 "use a smaller batch or data.drop_last=false",
             )
         if steps and steps > batches_per_epoch:
-            log.warning("trainer.steps=%d but the data holds %d batches per epoch: running %d", steps, batches_per_epoch, batches_per_epoch)
+            log.warning(
+                "trainer.steps=%d but the data holds %d batches per epoch: running %d",
+                steps,
+                batches_per_epoch,
+                batches_per_epoch,
+            )
         return dataset, sampler, min(steps or batches_per_epoch, batches_per_epoch)
 
-    def _model(self, dist: DistributedContext, precision: MixedPrecision, num_classes: int) -> Tuple[Native, Native, SpeedSettings]:
+    def _model(
+        self, dist: DistributedContext, precision: MixedPrecision, num_classes: int
+    ) -> Tuple[Native, Native, SpeedSettings]:
         """The model and optimizer, prepared (QAT, speed settings) and decorated for precision."""
         cfg, backend = self.cfg, self.backend
-        model = backend.build_model(cfg.model.name, num_classes, dist.device, cfg.model.zero_init_residual, cfg.model.init, cfg.trainer.seed)
+        model = backend.build_model(
+            cfg.model.name, num_classes, dist.device, cfg.model.zero_init_residual, cfg.model.init, cfg.trainer.seed
+        )
         if self.prepare_model is not None:
             model = self.prepare_model(model)
         speed = make_speed_settings(backend.name, cfg.backend.tuned, dist.device, cfg.backend.tuned_settings)
@@ -259,7 +275,9 @@ class Trainer:
         meta = load_checkpoint(path, self.backend, self.cfg.model.name, model, optimizer, precision)
         step = int(meta["step"])
         log.info("resumed from %s: continuing after step %d", path, step)
-        return step, label_history(metrics_history(checkpoint_run_dir(path), step), meta["framework"], self.backend.name)
+        return step, label_history(
+            metrics_history(checkpoint_run_dir(path), step), meta["framework"], self.backend.name
+        )
 
     # --- one step ---------------------------------------------------------------------------
     def train_mode(self, job: Job) -> None:
@@ -307,7 +325,9 @@ class Trainer:
         try:
             for epoch in range(first_epoch, self.cfg.trainer.epochs):
                 # On resume, each rank skips the batches of its own shard it has trained on.
-                job.sampler.set_epoch(epoch, start_batch=skip * job.plan.accumulate_steps if epoch == first_epoch else 0)
+                job.sampler.set_epoch(
+                    epoch, start_batch=skip * job.plan.accumulate_steps if epoch == first_epoch else 0
+                )
                 self._epoch(job, loop, epoch)
         finally:
             trace_file = loop.tracer.stop()
@@ -318,18 +338,33 @@ class Trainer:
     def _start(self, job: Job) -> _Loop:
         cfg, backend, dist, plan = self.cfg, self.backend, job.dist, job.plan
         # The history's step times join this run's throughput only if this framework ran them.
-        profiler = Profiler(cfg.profiler.warmup_steps, enabled=cfg.profiler.mode != "off", history=own_records(job.history))
+        profiler = Profiler(
+            cfg.profiler.warmup_steps, enabled=cfg.profiler.mode != "off", history=own_records(job.history)
+        )
         trace = cfg.profiler.mode == "trace"
         tracer = backend.tracer(cfg.profiler, self.run_dir / f"trace.rank{dist.rank}.json") if trace else Tracer()
         main = dist.is_main_process
         sinks = make_sinks(cfg.trainer.loggers, self.run_dir) if main else ()
         metrics = MetricsLog(self.run_dir / "metrics.jsonl" if main else None, sinks, history=job.history)
         log.info(
-            "%s %s on %s (rank %d of %d), %d thread(s), %s, %d steps of %d samples (%d per device x %d micro-steps), lr %g",
-            backend.package, backend.version(), dist.device, dist.rank, dist.world_size, self.threads,
-            job.precision.requested, job.total_steps, plan.global_batch, plan.micro_batch, plan.accumulate_steps, plan.lr,
-        )  # fmt: skip
-        progress = StepProgress(job.total_steps, f"{backend.name} {cfg.model.name}", main and cfg.trainer.progress, cfg.trainer.log_every)
+            "%s %s on %s (rank %d of %d), %d thread(s), %s, %d steps of %d samples (%d per device x %d micro-steps), "
+            "lr %g",
+            backend.package,
+            backend.version(),
+            dist.device,
+            dist.rank,
+            dist.world_size,
+            self.threads,
+            job.precision.requested,
+            job.total_steps,
+            plan.global_batch,
+            plan.micro_batch,
+            plan.accumulate_steps,
+            plan.lr,
+        )
+        progress = StepProgress(
+            job.total_steps, f"{backend.name} {cfg.model.name}", main and cfg.trainer.progress, cfg.trainer.log_every
+        )
         return _Loop(
             profiler=profiler,
             tracer=tracer,
@@ -348,8 +383,15 @@ class Trainer:
             timing = loop.profiler.step(job.plan.global_batch)
             loop.tracer.step()
             loop.step += 1
-            record = {"epoch": epoch, "step": loop.step, "lr": lr, "reader_cost": timing.reader_cost, "batch_cost": timing.batch_cost,
-                      "ips": timing.ips, "cpu_cost": timing.cpu_cost}  # fmt: skip
+            record = {
+                "epoch": epoch,
+                "step": loop.step,
+                "lr": lr,
+                "reader_cost": timing.reader_cost,
+                "batch_cost": timing.batch_cost,
+                "ips": timing.ips,
+                "cpu_cost": timing.cpu_cost,
+            }
             record.update(job.precision.metrics(), elapsed_s=loop.elapsed())
             loop.pending.append((record, local, stepped))
             self._after_step(job, loop, epoch)
@@ -359,7 +401,9 @@ class Trainer:
         trainer, step = self.cfg.trainer, loop.step
         every = trainer.checkpoint_every
         checkpoint = bool(every) and (step % every == 0 or step == job.total_steps)
-        evaluate = job.evaluator is not None and (step == job.total_steps or bool(trainer.eval_every) and step % trainer.eval_every == 0)
+        evaluate = job.evaluator is not None and (
+            step == job.total_steps or bool(trainer.eval_every) and step % trainer.eval_every == 0
+        )
         # Logged values are means over all ranks, not rank 0's alone: one all-reduce per
         # log_every steps (per step, its latency was over 1% of a data-parallel step). Checkpoint
         # and evaluation steps flush too (on every rank: the flush is a collective), so that no
@@ -374,7 +418,16 @@ class Trainer:
         if due.evaluate:
             self._evaluate_now(job, loop, epoch)
         if due.checkpoint and job.dist.is_main_process:
-            path = save_checkpoint(self.run_dir, loop.step, epoch, self.backend, job.raw_model, job.raw_optimizer, job.precision, self._config())
+            path = save_checkpoint(
+                self.run_dir,
+                loop.step,
+                epoch,
+                self.backend,
+                job.raw_model,
+                job.raw_optimizer,
+                job.precision,
+                self._config(),
+            )
             prune_checkpoints(self.run_dir, self.cfg.trainer.keep_checkpoints)
             log.info("checkpoint: %s", path)
 
@@ -383,9 +436,15 @@ class Trainer:
         loop.evaluations.append({"epoch": epoch, "step": loop.step, **result, "elapsed_s": loop.elapsed()})
         loop.metrics.append_eval(loop.evaluations[-1])
         log.info(
-            "step %d/%d  held-out: loss %.4f top1 %.4f top5 %.4f (%d samples, %.2f s)", loop.step, job.total_steps,
-            result["val_loss"], result["val_top1"], result["val_top5"], result["val_samples"], result["eval_s"],
-        )  # fmt: skip
+            "step %d/%d  held-out: loss %.4f top1 %.4f top5 %.4f (%d samples, %.2f s)",
+            loop.step,
+            job.total_steps,
+            result["val_loss"],
+            result["val_top1"],
+            result["val_top5"],
+            result["val_samples"],
+            result["eval_s"],
+        )
         loop.profiler.restart_clock()
 
     @staticmethod
@@ -416,11 +475,17 @@ class Trainer:
         wall = loop.elapsed()  # the whole run's, on the clock elapsed_s keeps
         profile = cfg.profiler
         window = range(profile.start, profile.start + profile.steps)
-        trace = summaries.trace_summary(loop.tracer, trace_file, window, self.run_dir, dist.rank) if profile.mode == "trace" else None
+        trace = (
+            summaries.trace_summary(loop.tracer, trace_file, window, self.run_dir, dist.rank)
+            if profile.mode == "trace"
+            else None
+        )
         summary = self._summary(job, loop, wall)
         summary.update(
             num_parameters=backend.num_parameters(job.raw_model),
-            ranks_in_sync=summaries.ranks_in_sync(backend, dist, job.raw_model, self.run_dir if cfg.trainer.save_final_weights else None),
+            ranks_in_sync=summaries.ranks_in_sync(
+                backend, dist, job.raw_model, self.run_dir if cfg.trainer.save_final_weights else None
+            ),
             trace=trace,
             loop_started_at=loop.started_at,
             memory=summaries.peak_memory(backend, dist),
