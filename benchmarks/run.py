@@ -56,6 +56,7 @@ import numpy as np
 from unitrain.host.atomic import replace_text
 from unitrain.host.machine import FLAGS
 from unitrain.host.machine import cpu as cpu_info
+from unitrain.launch.arguments import OneLineParser
 
 HERE = Path(__file__).resolve().parent
 BACKENDS = ("paddle", "torch")
@@ -984,12 +985,6 @@ def combine(parser: argparse.ArgumentParser, folders: List[Path], out: Path) -> 
         "and results.png"
     )
     return 0
-
-
-class OneLineParser(argparse.ArgumentParser):
-    def error(self, message: str):
-        """Bad arguments: one line and exit status 2, without argparse's usage block."""
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def main(argv=None) -> int:

@@ -44,7 +44,7 @@ from conftest import BACKENDS, FAST
         (["trainer.batch_size=1"], "trainer.batch_size=1 is not allowed: at least 2 samples per device"),
         (["profiler.start=-1"], "profiler.start=-1 is not allowed: a step number >= 0"),
         (["optim.lr=nan"], "optim.lr=nan is not allowed: a finite number > 0"),
-        (["trainer.seed=-1"], "trainer.seed=-1 is not allowed: an integer >= 0"),
+        (["trainer.seed=-1"], "trainer.seed=-1 is not allowed: an integer in [0, 2**32)"),
         (["dist.timeout_s=0"], "dist.timeout_s=0.0 is not allowed: a finite number > 0"),
         (["trainer.stepz=3"], "trainer.stepz is not a config key; allowed keys under trainer: steps, epochs"),
         (["stepz=3"], "stepz is not a config key; allowed keys at the top level: backend, amp"),

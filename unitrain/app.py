@@ -5,7 +5,7 @@ from __future__ import annotations
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
@@ -14,37 +14,41 @@ from omegaconf import DictConfig
 from unitrain.config.schema import register_configs
 from unitrain.config.validation import validate
 from unitrain.errors import NothingLeftToRun, Stopped, UnitrainError
-from unitrain.launch.hydra import hydra_entry
+from unitrain.launch.hydra import discard_refused, hydra_entry
 from unitrain.launch.supervise import launch, launch_ps, run_isolated
 from unitrain.report.training import table, write_report
-from unitrain.train.trainer import train
+from unitrain.train.trainer import out_of_memory, train
 
 register_configs()
 
 
+def _choose(cfg: DictConfig) -> Callable[[DictConfig, Any], Optional[Dict[str, Any]]]:
+    """One process, data parallel, parameter servers, or (in a sweep) a fresh process per job."""
+    if cfg.dist.mode == "ps":
+        return launch_ps
+    if cfg.dist.nproc_per_node * cfg.dist.nnodes > 1:
+        return launch
+    if HydraConfig.get().mode.name == "MULTIRUN" or cfg.trainer.repeats > 1:
+        return run_isolated
+    return train
+
+
 def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     """One job: validate, pick the backend, train, print the table. Errors become one line."""
-    run_dir = HydraConfig.get().runtime.output_dir
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         # As an exception, so that every finally clause runs: the launcher and its workers are
         # stopped, metrics are flushed.
         signal.signal(sig, _raise_stopped)
     try:
         validate(cfg)
-        if cfg.dist.mode == "ps":
-            job = launch_ps
-        elif cfg.dist.nproc_per_node * cfg.dist.nnodes > 1:
-            job = launch
-        elif HydraConfig.get().mode.name == "MULTIRUN" or cfg.trainer.repeats > 1:
-            job = run_isolated
-        else:
-            job = train
+        job = _choose(cfg)
         if cfg.trainer.repeats == 1:
             summary = job(cfg, run_dir)
         else:
             for i in range(cfg.trainer.repeats):
-                (Path(run_dir) / f"repeat{i}").mkdir(exist_ok=True)
-                summary = job(cfg, Path(run_dir) / f"repeat{i}")
+                (run_dir / f"repeat{i}").mkdir(exist_ok=True)
+                summary = job(cfg, run_dir / f"repeat{i}")
     except NothingLeftToRun as err:
         print(f"unitrain: {err}", flush=True)
         return None
@@ -53,22 +57,18 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         sys.exit(130)
     except UnitrainError as err:
         print(f"unitrain: error: {err}", file=sys.stderr, flush=True)
-        sys.exit(getattr(err, "exit_code", 2))
+        code = getattr(err, "exit_code", 2)
+        if code == 2:
+            discard_refused(run_dir)
+        sys.exit(code)
     except MemoryError:
-        size = (
-            f"data.image_size={cfg.data.image_size}, trainer.batch_size={cfg.trainer.batch_size}, "
-            f"model={cfg.model.name}"
-        )
-        print(
-            f"unitrain: error: out of memory ({size}); allowed: a smaller image size, batch or model",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(f"unitrain: error: {out_of_memory(cfg)}", file=sys.stderr, flush=True)
+        discard_refused(run_dir)
         sys.exit(2)
     if summary is None:
         print(f"node {cfg.dist.node_rank} finished; node 0 holds the summary", flush=True)
     elif HydraConfig.get().mode.name == "RUN" and cfg.trainer.repeats > 1:
-        print("\n" + write_report([run_dir]) + f"\n\nreport: {Path(run_dir) / 'report.html'}", flush=True)
+        print("\n" + write_report([run_dir]) + f"\n\nreport: {run_dir / 'report.html'}", flush=True)
     elif HydraConfig.get().mode.name == "RUN":
         print("\n" + table([run_dir]) + f"\n\nrun directory: {run_dir}", flush=True)
     return summary
@@ -84,4 +84,4 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    hydra_entry("unitrain", _hydra_main)
+    hydra_entry("unitrain", _hydra_main, validate=validate)

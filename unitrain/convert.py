@@ -6,7 +6,6 @@ The output loads with plain framework code, no unitrain needed:
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -15,12 +14,13 @@ from unitrain.errors import UnitrainError
 from unitrain.interface.backend import get_backend
 from unitrain.interface.modules import available_backends
 from unitrain.interface.weights import weights_module
+from unitrain.launch.arguments import OneLineParser
 from unitrain.model.weights import convert
 from unitrain.train.checkpoint import find_checkpoint, read_meta, read_model_arrays
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m unitrain.convert",
         description="Turn a unitrain checkpoint into a framework's native weights file.",
     )
@@ -46,7 +46,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         arrays = convert(read_model_arrays(path), meta["framework"], args.to)
         get_backend(args.to)  # imports the framework the way unitrain does (and fails clearly if it is missing)
-        target.save_native(arrays, out)
+        try:
+            target.save_native(arrays, out)
+        except OSError as err:
+            raise UnitrainError(
+                f"--out={str(out)!r} is not allowed: {err.strerror or err}; allowed: a file path this user can write"
+            ) from None
     except UnitrainError as err:
         print(f"unitrain.convert: error: {err}", file=sys.stderr)
         return 2

@@ -8,7 +8,6 @@ and compared with the checkpoint before it is kept; the work is :mod:`unitrain.d
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import sys
@@ -21,6 +20,7 @@ from unitrain.deploy.export import TOLERANCE, ExportCheckError, export
 from unitrain.errors import UnitrainError
 from unitrain.interface.export import FORMATS
 from unitrain.interface.modules import available_backends
+from unitrain.launch.arguments import OneLineParser
 
 
 def _csv(value: str, allowed: Sequence[str], key: str) -> List[str]:
@@ -47,7 +47,7 @@ def _batches(value: Optional[str]) -> List[Optional[int]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m unitrain.export", description=__doc__.split("\n\n")[0].strip("`"))
+    parser = OneLineParser(prog="python -m unitrain.export", description=__doc__.split("\n\n")[0].strip("`"))
     parser.add_argument(
         "checkpoint",
         help=(

@@ -20,6 +20,7 @@ import numpy as np
 
 from unitrain.deploy.infer import RESULT, Timing, benchmark, worker
 from unitrain.errors import UnitrainError
+from unitrain.launch.arguments import OneLineParser
 from unitrain.report.inference import markdown
 
 
@@ -34,7 +35,7 @@ def _ints(value: str, key: str) -> List[int]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m unitrain.infer",
         description="Time exported models in every runtime that reads them, side by side.",
     )

@@ -18,11 +18,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from unitrain.launch.arguments import OneLineParser
 from unitrain.launch.batch_search import Search, UsageError, has_accelerator, parse_megabytes
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m unitrain.maxbatch", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m unitrain.maxbatch", description=__doc__.split("\n\n")[0])
     parser.add_argument("--memory-limit", help="on the CPU: the memory a trial may use (e.g. 4GiB); required there")
     parser.add_argument("--start", type=int, default=16, help="the first batch tried (default 16)")
     parser.add_argument("--max", type=int, default=4096, help="stop searching above this batch (default 4096)")

@@ -18,9 +18,9 @@ from omegaconf import DictConfig
 
 from unitrain.config.schema import register_configs
 from unitrain.errors import UnitrainError
-from unitrain.launch.hydra import hydra_entry
+from unitrain.launch.hydra import discard_refused, hydra_entry
 from unitrain.report.parity import format_table
-from unitrain.train.parity import run_parity
+from unitrain.train.parity import run_parity, validate
 
 register_configs()
 
@@ -32,6 +32,7 @@ def _main(cfg: DictConfig) -> None:
         report = run_parity(cfg, out_dir)
     except UnitrainError as err:
         print(f"unitrain.parity: error: {err}", file=sys.stderr, flush=True)
+        discard_refused(out_dir)
         sys.exit(2)
     print(format_table(report) + f"\n\nwritten: {out_dir / 'parity.json'}, {out_dir / 'parity.png'}", flush=True)
     if not report["passed"]:
@@ -39,7 +40,7 @@ def _main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    hydra_entry("unitrain.parity", _main, config_name="parity")
+    hydra_entry("unitrain.parity", _main, config_name="parity", validate=validate)
 
 
 if __name__ == "__main__":

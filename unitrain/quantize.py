@@ -16,9 +16,9 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from unitrain.config.schema import register_configs
-from unitrain.deploy.quantize import quantize
+from unitrain.deploy.quantize import quantize, validate
 from unitrain.errors import UnitrainError
-from unitrain.launch.hydra import hydra_entry
+from unitrain.launch.hydra import discard_refused, hydra_entry
 from unitrain.report.quantize import RESULT, markdown
 
 register_configs()
@@ -32,6 +32,7 @@ def _main(cfg: DictConfig) -> None:
         report = quantize(cfg, out_dir)
     except UnitrainError as err:
         print(f"unitrain.quantize: error: {err}", file=sys.stderr, flush=True)
+        discard_refused(out_dir)
         sys.exit(2)
     print("\n" + markdown(report) + f"\n\n{RESULT}: {out_dir / RESULT}", flush=True)
     if any(r["effective"].startswith("FAILED") for r in report["rows"]):
@@ -45,7 +46,7 @@ def main() -> None:
     if bare:
         args[bare[0]] = f"source={args[bare[0]]}"
     sys.argv[1:] = args
-    hydra_entry("unitrain.quantize", _main, config_name="quantize")
+    hydra_entry("unitrain.quantize", _main, config_name="quantize", validate=validate)
 
 
 if __name__ == "__main__":

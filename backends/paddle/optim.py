@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import paddle
 
 from unitrain.config.schema import OptimConfig
 from unitrain.interface.optim import decays
 
-__all__ = ["build_optimizer", "set_lr"]
+__all__ = ["build_optimizer", "nonfinite_state", "set_lr"]
+
+_FLOATS = (paddle.float16, paddle.bfloat16, paddle.float32, paddle.float64)
 
 
 def build_optimizer(model: paddle.nn.Layer, cfg: OptimConfig) -> paddle.optimizer.Momentum:
@@ -33,3 +37,18 @@ def build_optimizer(model: paddle.nn.Layer, cfg: OptimConfig) -> paddle.optimize
 
 def set_lr(optimizer: paddle.optimizer.Optimizer, lr: float) -> None:
     optimizer.set_lr(lr)
+
+
+def nonfinite_state(optimizer: paddle.optimizer.Optimizer) -> Optional[str]:
+    # Accumulators (velocity...), master weights, the lr scheduler's numbers: every float tensor.
+    def tensors(state, prefix=""):
+        for key, value in state.items():
+            if isinstance(value, dict):
+                yield from tensors(value, f"{prefix}{key}.")
+            elif isinstance(value, paddle.Tensor) and value.dtype in _FLOATS:
+                yield f"{prefix}{key}", value
+
+    for name, value in tensors(optimizer.state_dict()):
+        if not bool(paddle.isfinite(value).all()):
+            return name
+    return None

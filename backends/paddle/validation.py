@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Optional, Tuple
 
 from unitrain.config.schema import DistConfig
 from unitrain.errors import ConfigError
@@ -10,7 +12,31 @@ from unitrain.errors import ConfigError
 __all__ = ["check", "check_all_reduce"]
 
 
+#: The first paddlepaddle unitrain's collective training runs on.
+COLLECTIVE_SINCE = (3, 3)
+
+
+def _installed() -> Optional[Tuple[int, ...]]:
+    """The installed paddlepaddle's version, from its metadata: paddle itself is not imported."""
+    for package in ("paddlepaddle", "paddlepaddle-gpu"):
+        try:
+            return tuple(int(p) for p in re.findall(r"\d+", version(package))[:3])
+        except PackageNotFoundError:
+            continue
+    return None
+
+
 def check(cfg: Any) -> None:
+    installed = _installed()
+    if cfg.dist.mode != "ps" and installed is not None and installed < COLLECTIVE_SINCE:
+        # 3.0.0, the parameter-server environment's, lacks what training uses (Optimizer.zero_grad).
+        have = ".".join(map(str, installed))
+        raise ConfigError(
+            "backend",
+            "paddle",
+            f"a paddlepaddle of {'.'.join(map(str, COLLECTIVE_SINCE))} or later with dist.mode=collective (this "
+            f"environment has {have}, as the parameter-server environment .venv-ps does; train from .venv)",
+        )
     if cfg.amp.impl == "apex":
         raise ConfigError("amp.impl", "apex", "native with backend=paddle (NVIDIA Apex is a PyTorch extension)")
     check_all_reduce(cfg.dist)

@@ -58,5 +58,8 @@ def save_native(arrays: Arrays, path: Path) -> None:
     import paddle
 
     tmp = path.with_name(f".{path.name}.tmp")
-    paddle.save({k: paddle.to_tensor(v) for k, v in arrays.items()}, str(tmp))
-    os.replace(tmp, path)
+    try:
+        paddle.save({k: paddle.to_tensor(v) for k, v in arrays.items()}, str(tmp))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

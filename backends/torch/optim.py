@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from unitrain.config.schema import OptimConfig
 from unitrain.interface.optim import decays
 
-__all__ = ["build_optimizer", "set_lr"]
+__all__ = ["build_optimizer", "nonfinite_state", "set_lr"]
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:
@@ -40,3 +42,16 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Opt
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+def nonfinite_state(optimizer: torch.optim.Optimizer) -> Optional[str]:
+    names = {
+        id(p): f"group{g}.param{i}"
+        for g, group in enumerate(optimizer.param_groups)
+        for i, p in enumerate(group["params"])
+    }
+    for param, state in optimizer.state.items():
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                return f"{names.get(id(param), 'a parameter')}'s {key}"
+    return None

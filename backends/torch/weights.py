@@ -27,5 +27,8 @@ def save_native(arrays: Arrays, path: Path) -> None:
     import torch
 
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()}, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

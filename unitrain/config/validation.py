@@ -15,9 +15,17 @@ from unitrain.config.schedule import BatchPlan
 from unitrain.config.schema import DATASET_NAMES, PS_DATASETS, PS_MODELS, PS_OPTIMIZERS, DistConfig
 from unitrain.data.augment import AUGMENTATIONS
 from unitrain.errors import ConfigError
+from unitrain.host.memory import available_mb
 from unitrain.host.threads import available_cores
 from unitrain.interface.validation import validation_module
 from unitrain.model.specs import MODELS
+
+#: Loader worker processes per core beyond which they only contend.
+MAX_WORKERS_PER_CORE = 4
+#: Training processes (workers, servers, trainers) per core a job may start on a CPU: each is a
+#: Python process with its framework loaded (150 MB or more), and past a few per core they
+#: measure contention. More than one per core draws a warning at launch.
+MAX_PROCESSES_PER_CORE = 8
 
 
 def _one_of(key: str, value: Any, allowed: Iterable[Any]) -> None:
@@ -71,8 +79,17 @@ def _check_data(data: Any) -> None:
     _at_least("data.val_samples", data.val_samples, 0, "0: no held-out set")
     if data.val_path is not None and not os.path.isdir(data.val_path):
         raise ConfigError("data.val_path", data.val_path, "an existing directory of class sub-directories")
-    if data.sample_delay_s < 0:
-        raise ConfigError("data.sample_delay_s", data.sample_delay_s, "a number of seconds >= 0")
+    if not (math.isfinite(data.sample_delay_s) and data.sample_delay_s >= 0):
+        raise ConfigError("data.sample_delay_s", data.sample_delay_s, "a finite number of seconds >= 0")
+    cores = available_cores()
+    if data.num_workers > MAX_WORKERS_PER_CORE * cores:
+        # Each worker is a process with its own copy of the framework's loader state: beyond a
+        # few per core they only take memory and contend.
+        raise ConfigError(
+            "data.num_workers",
+            data.num_workers,
+            f"at most {MAX_WORKERS_PER_CORE * cores} ({MAX_WORKERS_PER_CORE} per core of the {cores} here)",
+        )
 
 
 def _check_optim(optim: Any) -> None:
@@ -83,6 +100,10 @@ def _check_optim(optim: Any) -> None:
         raise ConfigError("optim.weight_decay", optim.weight_decay, "a number >= 0")
     _at_least("optim.warmup_steps", optim.warmup_steps, 0)
     _positive("optim.step_size", optim.step_size)
+    if not (math.isfinite(optim.gamma) and 0 < optim.gamma <= 1):
+        raise ConfigError(
+            "optim.gamma", optim.gamma, "a number in (0, 1]: the factor the step schedule multiplies the lr by"
+        )
     if not 0 <= optim.label_smoothing < 1:
         raise ConfigError("optim.label_smoothing", optim.label_smoothing, "a number in [0, 1)")
     if optim.clip_grad_norm is not None:
@@ -95,7 +116,10 @@ def _check_trainer(trainer: Any) -> None:
     if trainer.steps is not None:
         _positive("trainer.steps", trainer.steps)
     _positive("trainer.epochs", trainer.epochs)
-    _at_least("trainer.seed", trainer.seed, 0, "NumPy seeds the data order and shared weights with it")
+    if not 0 <= trainer.seed < 2**32:
+        raise ConfigError(
+            "trainer.seed", trainer.seed, "an integer in [0, 2**32): the frameworks' and NumPy's seeds are 32-bit"
+        )
     _positive("trainer.batch_size", trainer.batch_size)
     if trainer.threads is not None:
         _positive("trainer.threads", trainer.threads)
@@ -155,9 +179,28 @@ def _check_profiler(profiler: Any) -> None:
     _positive("profiler.steps", profiler.steps)
 
 
+def _check_classifier(cfg: Any) -> None:
+    """A classifier that cannot fit in this machine's memory, said before it is tried (the
+    framework's own error would blame the image size or the batch)."""
+    free = available_mb()
+    if free is None or cfg.model.name not in MODELS:
+        return
+    features, classes = MODELS.get(cfg.model.name).feature_dim, cfg.data.num_classes
+    # Weights, their gradients and momentum, and the batch's logits with their gradients.
+    per_class_mb = 4 * (3 * features + 2 * cfg.trainer.batch_size) / 2**20
+    if classes * per_class_mb > free:
+        raise ConfigError(
+            "data.num_classes",
+            classes,
+            f"at most {int(free / per_class_mb)}: its classifier alone would need "
+            f"{classes * per_class_mb / 1024:.1f} GiB, more than the {free / 1024:.1f} GiB free here",
+        )
+
+
 def _check_collective(cfg: Any) -> None:
     """dist.mode=collective: the ResNets on image data."""
     _one_of("model.name", cfg.model.name, MODELS.names() + list(PS_MODELS))
+    _check_classifier(cfg)
     if cfg.model.name in PS_MODELS:
         raise ConfigError(
             "model",
@@ -215,6 +258,25 @@ def _check_ps(cfg: Any) -> None:
         )
 
 
+def processes_per_node(cfg: Any) -> int:
+    """The training processes a job starts on this node (parameter servers count)."""
+    return max(1, cfg.dist.ps.servers + cfg.dist.ps.trainers) if cfg.dist.mode == "ps" else cfg.dist.nproc_per_node
+
+
+def _check_processes(cfg: Any) -> None:
+    if cfg.backend.device == "gpu":
+        return
+    cores, count = available_cores(), processes_per_node(cfg)
+    if count > MAX_PROCESSES_PER_CORE * cores:
+        key = "dist.ps.trainers" if cfg.dist.mode == "ps" else "dist.nproc_per_node"
+        value = cfg.dist.ps.trainers if cfg.dist.mode == "ps" else cfg.dist.nproc_per_node
+        raise ConfigError(
+            key,
+            value,
+            f"at most {MAX_PROCESSES_PER_CORE * cores} processes on a CPU of {cores} cores ({count} asked for)",
+        )
+
+
 def validate(cfg: Any) -> None:
     """Refuse values that are well-typed but meaningless (a UnitrainConfig), naming the key and
     what is allowed; then the backend's own refusals."""
@@ -228,4 +290,5 @@ def validate(cfg: Any) -> None:
     _check_trainer(cfg.trainer)
     _check_dist(cfg)
     _check_profiler(cfg.profiler)
+    _check_processes(cfg)
     validation_module(cfg.backend.name).check(cfg)

@@ -102,6 +102,11 @@ def locate(spec: str) -> Tuple[Path, List[Artifact]]:
         found = artifacts_of(directory, manifest)
     else:
         directory = path.parent
+        if not (directory / MANIFEST).exists():
+            raise ArtifactError(
+                f"{spec!r} is not a model unitrain exported: there is no {MANIFEST} beside it; allowed: a model file "
+                "python -m unitrain.export wrote, in its export directory"
+            )
         manifest = read_manifest(directory)
         found = [a for a in artifacts_of(directory, manifest) if path.name in a.files]
         if not found:

@@ -49,7 +49,8 @@ from unitrain.train.checkpoint import find_checkpoint, read_meta, read_model_arr
 from unitrain.train.trainer import Trainer
 
 
-def _validate(cfg: QuantizeConfig) -> None:
+def validate(cfg: QuantizeConfig) -> None:
+    """What a quantize run cannot do, refused before anything runs."""
     for key, value in (("calib_batches", cfg.calib_batches), ("calib_batch_size", cfg.calib_batch_size)):
         if value is not None and value < 1:
             raise ConfigError(key, value, "an integer >= 1")
@@ -140,7 +141,7 @@ class Quantization:
 
 
 def _resolve(cfg: QuantizeConfig, out_dir: Path) -> Quantization:
-    _validate(cfg)
+    validate(cfg)
     path = find_checkpoint(cfg.source, [Path.cwd() / "runs", Path.cwd() / "multirun"], key="source")
     meta = read_meta(path)
     framework = cfg.backend.name if cfg.backend else meta["framework"]

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence, cast
+from typing import Any, Optional, Protocol, Sequence, cast
 
 from unitrain.config.schema import OptimConfig
 from unitrain.interface import modules
@@ -13,6 +13,9 @@ class OptimModule(Protocol):
     def build_optimizer(self, model: Any, cfg: OptimConfig) -> Any: ...
 
     def set_lr(self, optimizer: Any, lr: float) -> None: ...
+
+    def nonfinite_state(self, optimizer: Any) -> Optional[str]:
+        """The name of the first optimizer state (momentum buffer...) holding nan or inf, or None."""
 
 
 def decays(name: str, shape: Sequence[int]) -> bool:

@@ -34,14 +34,10 @@ from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 
 from unitrain.config.schema import register_configs
+from unitrain.host.memory import OOM_PATTERNS
 from unitrain.interface.launch import launch_module
 from unitrain.launch.preflight import one_line
 
-# The frameworks' out-of-memory errors: torch.OutOfMemoryError / "CUDA out of memory", Paddle's
-# ResourceExhaustedError ("Out of memory error on GPU"), and the CPU allocators' messages.
-OOM_PATTERNS = re.compile(
-    r"out of memory|OutOfMemoryError|ResourceExhausted|can't allocate memory|std::bad_alloc", re.IGNORECASE
-)
 _UNITS = {"": 1, "m": 1, "mb": 1, "mib": 1, "g": 1024, "gb": 1024, "gib": 1024}
 
 

@@ -125,8 +125,11 @@ def diagnose(
             return known
     failed = sorted((s for s in statuses if s["status"] == "failed"), key=lambda s: s["time"])
     user_errors = {s["error"] for s in failed if s.get("user_error")}
-    if len(user_errors) == 1 and len(failed) == len(statuses):
-        return UnitrainError(user_errors.pop())  # every rank rejected the same setting
+    # Every process that failed refused the same setting or file, and the others were stopped
+    # after it (or had finished): the refusal is the whole story.
+    others_stopped = all(s["status"] in ("terminated", "done") for s in statuses if s["status"] != "failed")
+    if len(user_errors) == 1 and all(s.get("user_error") for s in failed) and others_stopped:
+        return UnitrainError(user_errors.pop())
     roles = _roles(statuses, run_dir, gone or {})
     culprits = roles["culprits"]
     if not culprits:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from importlib import resources
-from typing import Callable, Dict, List
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 
@@ -45,14 +48,36 @@ def check_group_choices(args: List[str]) -> str | None:
     return None
 
 
-def hydra_entry(prog: str, hydra_main: Callable[[], None], config_name: str = "config") -> None:
-    """Reject bad overrides and a run directory holding earlier results in one line, then hand
-    the command line to Hydra."""
+#: Hydra's flags that take no value: a bare word after any other flag is that flag's value.
+_VALUELESS_FLAGS = ("-m", "--multirun", "-h", "--help", "--hydra-help", "--version", "--resolve")
+
+
+def bare_argument(args: List[str]) -> Optional[str]:
+    """A word that is neither an override nor a flag's value (``python -m unitrain foo``), in
+    one line; Hydra would answer with its grammar's four."""
+    for previous, arg in zip([None, *args], args):
+        if arg.startswith("-") or "=" in arg:
+            continue
+        if previous is None or not previous.startswith("-") or previous in _VALUELESS_FLAGS:
+            return (
+                f"{arg!r} is not allowed: overrides are key=value (trainer.steps=10) or group=option (backend=paddle)"
+            )
+    return None
+
+
+def hydra_entry(
+    prog: str,
+    hydra_main: Callable[[], None],
+    config_name: str = "config",
+    validate: Optional[Callable[[Any], None]] = None,
+) -> None:
+    """Reject bad overrides, values ``validate`` refuses and a run directory holding earlier
+    results in one line, before anything is written; then hand the command line to Hydra."""
     args = sys.argv[1:]
-    problem = check_group_choices(args)
+    problem = bare_argument(args) or check_group_choices(args)
     if not problem and not preflight.quick_flags(args):
         try:
-            preflight.check(args, "unitrain.conf", config_name)
+            preflight.check(args, "unitrain.conf", config_name, validate)
         except preflight.PreflightError as err:
             problem = str(err)
     if problem:
@@ -63,3 +88,28 @@ def hydra_entry(prog: str, hydra_main: Callable[[], None], config_name: str = "c
     except KeyboardInterrupt:
         print(f"{prog}: error: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
         sys.exit(130)
+
+
+#: What a run directory holds before the job has produced anything: Hydra's record and logs, the
+#: resolved config handed to the workers, the launcher's and the workers' logs and status files.
+_SCAFFOLDING = (".hydra", ".workers", "worker_config.yaml", "launcher.log", "http.log")
+
+
+def discard_refused(run_dir: Path) -> None:
+    """A refused job's directory, when it holds nothing but what starting it wrote: a refusal
+    leaves nothing behind. (Preflight refuses most values before Hydra writes anything; what
+    only a framework can decide is refused after.)"""
+    for folder in [run_dir, run_dir.parent] if HydraConfig.get().mode.name == "MULTIRUN" else [run_dir]:
+        entries = list(folder.iterdir()) if folder.is_dir() else []
+        ours = [
+            p
+            for p in entries
+            if p.name in _SCAFFOLDING or p.suffix == ".log" or p.name.startswith(("workerlog.", "serverlog."))
+        ]
+        if folder == run_dir.parent:
+            ours = [p for p in entries if p.name == "multirun.yaml"]  # the sweep's own record
+        if len(ours) != len(entries):
+            return
+        for p in ours:
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+        folder.rmdir()

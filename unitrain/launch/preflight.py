@@ -12,14 +12,16 @@ import dataclasses
 import os
 import re
 from pathlib import Path
-from typing import Iterable, List, Optional
+from typing import Any, Callable, Iterable, List, Optional
 
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
-from omegaconf import OmegaConf
+from omegaconf import BooleanNode, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from unitrain.errors import UnitrainError
 
 #: OmegaConf's words for a value outside an Enum.
 _CHOICE = re.compile(r"Invalid value '(.*)', expected one of \[(.*)\]")
@@ -121,8 +123,53 @@ def _resumes_into(resume: Optional[str], run_dir: Path) -> bool:
     return target == run_dir or run_dir in target.parents
 
 
-def check(args: List[str], config_module: str, config_name: str) -> None:
-    """Compose every override against the schema, then check the run (or sweep) directory."""
+def _strays(node: DictConfig, prefix: str = "") -> List[str]:
+    """Keys that no schema declares (``+foo=bar``, ``+trainer.stepz=5``): Hydra lets ``+`` add
+    them, and nothing would ever read them."""
+    found = []
+    schema = OmegaConf.get_type(node)
+    known = {f.name for f in dataclasses.fields(schema)} if schema and dataclasses.is_dataclass(schema) else None
+    for key in node.keys():
+        if prefix == "" and key == "hydra":
+            continue
+        if known is not None and key not in known:
+            found.append(f"{prefix}{key}")
+            continue
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none() and not child._is_missing():
+            found += _strays(child, f"{prefix}{key}.")
+    return found
+
+
+def _check_values(run: List[str], cfg: DictConfig, validate: Optional[Callable[[Any], None]]) -> None:
+    """What composing accepted but means nothing: keys no schema declares, a boolean given as
+    anything but true or false (OmegaConf takes 2 or "yes" as true), then ``validate``."""
+    stray = _strays(cfg)
+    if stray:
+        parent = stray[0].rpartition(".")[0]
+        where = f"under {parent}" if parent else "at the top level"
+        allowed = _allowed_keys(OmegaConf.get_type(OmegaConf.select(cfg, parent) if parent else cfg))
+        allowed = f"; allowed keys {where}: {allowed}" if allowed else ""
+        raise PreflightError(f"{stray[0]} is not a config key{allowed}")
+    for override in OverridesParser.create().parse_overrides(run):
+        key = override.key_or_group.lstrip("+~")
+        parent, _, leaf = key.rpartition(".")
+        holder = OmegaConf.select(cfg, parent) if parent else cfg
+        node = holder._get_node(leaf) if isinstance(holder, DictConfig) and leaf in holder else None
+        if isinstance(node, BooleanNode) and not isinstance(override.value(), bool):
+            raise PreflightError(f"{key}={override.value()!r} is not allowed: true or false")
+    if validate is not None:
+        try:
+            validate(cfg)
+        except UnitrainError as err:
+            raise PreflightError(str(err)) from None
+
+
+def check(
+    args: List[str], config_module: str, config_name: str, validate: Optional[Callable[[Any], None]] = None
+) -> None:
+    """Compose every override against the schema, check what composing cannot (keys nothing
+    declares, booleans, ``validate``'s value checks), then the run (or sweep) directory."""
     overrides = _overrides(args)
     multirun = "-m" in args or "--multirun" in args
     try:
@@ -137,7 +184,8 @@ def check(args: List[str], config_module: str, config_name: str) -> None:
         raise PreflightError(one_line(err)) from None
     finally:
         GlobalHydra.instance().clear()
-    for cfg in cfgs:
+    for run, cfg in zip(runs, cfgs):
+        _check_values(run, cfg, validate)
         if multirun:
             sweep_dir = Path(OmegaConf.select(cfg, "hydra.sweep.dir")).resolve()
             _writable_dir("hydra.sweep.dir", sweep_dir)

@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional
 from omegaconf import OmegaConf
 
 from unitrain.config.schema import UnitrainConfig
+from unitrain.config.validation import processes_per_node
 from unitrain.entry import worker
 from unitrain.errors import NothingLeftToRun, UnitrainError
 from unitrain.host.ports import port_in_use
@@ -44,10 +46,6 @@ WORKER_SCRIPT = Path(worker.__file__).resolve()
 # How long past dist.timeout_s the main process waits for a launcher that times out the
 # rendezvous itself (torchrun): its own start-up (imports) comes before its clock starts.
 RENDEZVOUS_GRACE_S = 30.0
-
-
-def processes_per_node(cfg: UnitrainConfig) -> int:
-    return max(1, cfg.dist.ps.servers + cfg.dist.ps.trainers) if cfg.dist.mode == "ps" else cfg.dist.nproc_per_node
 
 
 def write_worker_config(cfg: UnitrainConfig, run_dir: Path) -> Path:
@@ -113,15 +111,26 @@ def run_isolated(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str,
 
 
 def check_before_launch(cfg: UnitrainConfig) -> None:
-    """What would fail deep inside a launcher, said in one line before it starts."""
+    """What would fail deep inside a launcher, said in one line before it starts; and a warning
+    for more processes than cores."""
     dist = cfg.dist
-    cores = available_cores()
-    if cfg.backend.device != "gpu" and dist.nproc_per_node > cores:
+    cores, count = available_cores(), processes_per_node(cfg)
+    if cfg.backend.device != "gpu" and count > cores:
+        what = "dist.ps.servers + dist.ps.trainers" if dist.mode == "ps" else "dist.nproc_per_node"
         log.warning(
-            "dist.nproc_per_node=%d is more than the %d cores this process may use: the workers will compete for them",
-            dist.nproc_per_node,
+            "%s=%d is more than the %d cores this process may use: the processes will compete for them",
+            what,
+            count,
             cores,
         )
+    if dist.nnodes > 1:
+        try:
+            socket.getaddrinfo(dist.master_addr, dist.master_port)
+        except OSError as err:
+            raise UnitrainError(
+                f"dist.master_addr={dist.master_addr!r} is not allowed: it does not resolve ({err.strerror or err}); "
+                "allowed: an address or host name of node 0 that every node can reach"
+            ) from None
     # Node 0 listens on the master port (torchrun's store, Paddle's HTTP master or, on one
     # node, its workers' store); the others only connect to it.
     if dist.master_port is not None and dist.node_rank == 0:
@@ -235,6 +244,7 @@ def launch_ps(cfg: UnitrainConfig, run_dir: str | Path) -> Dict[str, Any]:
     problem = ps_engine_problem(cfg, launcher)
     if problem:
         raise UnitrainError(problem)
+    check_before_launch(cfg)
     if cfg.data.path:
         # The job runs in its run directory (below), where relative paths would not resolve.
         cfg.data.path = os.path.abspath(cfg.data.path)

@@ -188,7 +188,10 @@ def load_runs(dirs: Sequence[str | Path], warn=None) -> List[Run]:
     found: Dict[Path, Run] = {}
     for d in map(Path, dirs):
         files = [d / "summary.json"] if (d / "summary.json").exists() else sorted(d.rglob("summary.json"))
-        if not files:
+        unfinished = _unfinished(d)
+        for run in unfinished:
+            warn(f"unitrain.compare: warning: skipping {run}: it has no summary.json (the run did not finish)")
+        if not files and not unfinished:
             raise FileNotFoundError(f"no summary.json in {d} or below it: not a unitrain run or multirun directory")
         for f in files:
             if _is_ps(f):
@@ -198,8 +201,15 @@ def load_runs(dirs: Sequence[str | Path], warn=None) -> List[Run]:
             except (UnusableRun, OSError, yaml.YAMLError) as err:
                 warn(f"unitrain.compare: warning: skipping {f}: {err}")
     if not found:
-        raise FileNotFoundError(f"no usable run in {', '.join(map(str, dirs))}: every summary.json found was skipped")
+        raise FileNotFoundError(f"no usable run in {', '.join(map(str, dirs))}: every run found was skipped")
     return list(found.values())
+
+
+def _unfinished(folder: Path) -> List[Path]:
+    """Run directories in or under ``folder`` that Hydra started (``.hydra/``) and that hold no
+    summary.json, themselves or in a repeat below them: killed, or still running."""
+    started = [p.parent.parent for p in sorted(folder.rglob(".hydra/config.yaml"))]
+    return [run for run in started if not (run / "summary.json").exists() and not any(run.rglob("*/summary.json"))]
 
 
 def group_repeats(runs: List[Run]) -> List[List[Run]]:

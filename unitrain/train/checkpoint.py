@@ -24,6 +24,7 @@ from typing import Any, Dict, Iterable, List, Optional
 import numpy as np
 
 from unitrain.errors import UnitrainError
+from unitrain.interface.optim import optim_module
 from unitrain.model.weights import convert
 
 log = logging.getLogger("unitrain")
@@ -35,16 +36,44 @@ class CheckpointError(UnitrainError):
     """A checkpoint that cannot be used here; nothing was changed."""
 
 
+def nonfinite(arrays: Dict[str, np.ndarray]) -> Optional[str]:
+    """The name of the first array holding nan or inf, or None."""
+    for name, array in arrays.items():
+        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+            return name
+    return None
+
+
+def still_latest(run_dir: Path) -> str:
+    """What a run that writes no more checkpoints keeps, in words."""
+    latest = Path(run_dir) / "checkpoints" / "latest"
+    return (
+        f"checkpoints/latest still names {latest.read_text().strip()}"
+        if latest.is_file()
+        else "no checkpoint was written"
+    )
+
+
+class CheckpointWriteError(CheckpointError):
+    """A checkpoint that could not be written (a full disk, a lost permission): nothing half
+    written is left, the latest checkpoint stays the latest, and the run stops."""
+
+    exit_code = 1
+
+
 def save_checkpoint(
-    run_dir: Path, step: int, epoch: int, backend, model, optimizer, precision, config: Dict[str, Any]
+    run_dir: Path,
+    step: int,
+    epoch: int,
+    backend,
+    arrays: Dict[str, np.ndarray],
+    optimizer,
+    precision,
+    config: Dict[str, Any],
 ) -> Path:
+    """``arrays``: the model's state (``backend.state_arrays``), already checked to be finite."""
     root = Path(run_dir) / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     final, tmp = root / f"step{step}", root / f".tmp-step{step}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    np.savez(tmp / "model.npz", **backend.state_arrays(model))
-    backend.save_training_state(tmp / "training_state", optimizer, {"precision": precision.state_dict()})
     meta = {
         "format": FORMAT,
         "framework": backend.name,
@@ -54,7 +83,23 @@ def save_checkpoint(
         "time": time.time(),
         "config": config,
     }
-    (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        np.savez(tmp / "model.npz", **arrays)
+        backend.save_training_state(tmp / "training_state", optimizer, {"precision": precision.state_dict()})
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
+    except Exception as err:  # noqa: BLE001 - the frameworks' savers raise anything a full disk makes them
+        shutil.rmtree(tmp, ignore_errors=True)
+        why = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
+        # torch.save says a full disk in its own words ("unexpected pos ..."): say it plainly.
+        free = shutil.disk_usage(root).free if root.is_dir() else None
+        if free is not None and free < sum(a.nbytes for a in arrays.values()):
+            why = f"the file system is full ({free // 1024} KiB free)"
+        raise CheckpointWriteError(
+            f"the checkpoint of step {step} could not be written into {root}: {why}; {still_latest(run_dir)}"
+        ) from None
     if final.exists():  # the same step saved again (a re-run into the same directory)
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -193,9 +238,15 @@ def load_checkpoint(path: Path, backend, model_name: str, model, optimizer, prec
     if meta["model"] != model_name:
         raise CheckpointError(f"checkpoint {path} holds model={meta['model']}, not model={model_name}")
     arrays = read_model_arrays(path)
+    broken = nonfinite(arrays)
+    if broken:
+        raise CheckpointError(
+            f"checkpoint {path} holds weights that are not finite ({broken} has nan or inf); allowed: a checkpoint "
+            "written before the training diverged"
+        )
     foreign = meta["framework"] != backend.name
     if foreign:
-        # unitrain.state converts weights between the frameworks exactly; the optimizer's
+        # unitrain.model.weights converts weights between the frameworks exactly; the optimizer's
         # buffers, the loss scaler and RNG states are in the writer's own format and do not.
         arrays = convert(arrays, meta["framework"], backend.name)
     try:
@@ -219,5 +270,11 @@ def load_checkpoint(path: Path, backend, model_name: str, model, optimizer, prec
         raise CheckpointError(
             f"checkpoint {path} is corrupt or truncated: training_state: {type(err).__name__}: {err}"
         ) from None
+    broken = optim_module(backend.name).nonfinite_state(optimizer)
+    if broken:
+        raise CheckpointError(
+            f"checkpoint {path} holds an optimizer state that is not finite ({broken} has nan or inf); allowed: a "
+            "checkpoint written before the training diverged"
+        )
     precision.load_state_dict(extra.get("precision", {}))
     return meta

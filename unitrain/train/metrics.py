@@ -149,3 +149,16 @@ class NonFiniteWatch:
         if not self.warned:
             log.warning("the loss is %s at step %d; training on (trainer.on_nonfinite=warn)", loss, step)
             self.warned = True
+
+    def broken_state(self, step: int, name: str, kept: str) -> None:
+        """The weights or optimizer state after ``step`` hold nan or inf: no checkpoint of them is
+        written (``kept``: what is kept instead, in words); the run stops, or (warn) goes on without it."""
+        if self.policy == "stop":
+            raise NonFiniteLossError(
+                f"after step {step} {name} is not finite, so the parameters are no longer usable and no checkpoint of "
+                f"them was written ({kept}); lower optim.lr (base {self.lr:g}), or set trainer.on_nonfinite=warn to "
+                "train on regardless"
+            )
+        log.warning(
+            "after step %d %s is not finite: no checkpoint written (%s; trainer.on_nonfinite=warn)", step, name, kept
+        )

@@ -13,6 +13,7 @@ compared in the canonical layout (PyTorch's names and layouts).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
@@ -24,7 +25,7 @@ from unitrain.data.datasets import build_dataset
 from unitrain.data.sampler import DistributedBatchSampler
 from unitrain.errors import ConfigError
 from unitrain.host import machine
-from unitrain.host.threads import export_threads, resolve_threads
+from unitrain.host.threads import available_cores, export_threads, resolve_threads
 from unitrain.interface.backend import Backend, get_backend
 from unitrain.interface.modules import available_backends
 from unitrain.model.weights import Arrays, to_canonical
@@ -128,9 +129,24 @@ def _side(name: str, cfg: ParityConfig, dataset: Any, threads: int) -> Tuple[_Si
     return side, determinism
 
 
-def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
+def validate(cfg: ParityConfig) -> None:
+    """What parity cannot run, or could only report falsely: refused before anything runs."""
     if cfg.steps <= 0:
         raise ConfigError("steps", cfg.steps, "a number > 0")
+    for key, value in (("tolerance", cfg.tolerance), ("activation_tolerance", cfg.activation_tolerance)):
+        if not (math.isfinite(value) and value > 0):
+            raise ConfigError(key, value, "a finite number > 0 (the largest relative difference that passes)")
+    if cfg.trainer.batch_size < 2:
+        raise ConfigError("trainer.batch_size", cfg.trainer.batch_size, "at least 2 (BatchNorm trains on the batch)")
+    threads, cores = cfg.trainer.threads, available_cores()
+    if threads is not None and not 1 <= threads <= cores:
+        raise ConfigError(
+            "trainer.threads", threads, f"1 to {cores}, the cores this process may use (or unset: all of them)"
+        )
+
+
+def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
+    validate(cfg)
     threads = resolve_threads(cfg.trainer.threads)
     export_threads(threads)
     dataset = build_dataset(cfg.data, default_size=cfg.steps * cfg.trainer.batch_size, seed=cfg.trainer.seed)

@@ -28,11 +28,13 @@ from unitrain.config.schema import UnitrainConfig
 from unitrain.data.augment import AugmentedDataset, EpochKeyedBatches
 from unitrain.data.datasets import SampleSet, build_dataset, build_heldout_dataset, guard
 from unitrain.data.sampler import DistributedBatchSampler
-from unitrain.errors import ConfigError, NothingLeftToRun
+from unitrain.errors import ConfigError, NothingLeftToRun, UnitrainError
 from unitrain.host import machine, malloc
+from unitrain.host.memory import is_out_of_memory
 from unitrain.host.threads import export_threads, resolve_threads
 from unitrain.interface.backend import Backend, Native, get_backend
 from unitrain.interface.distributed import DistributedContext
+from unitrain.interface.optim import optim_module
 from unitrain.interface.precision import MixedPrecision
 from unitrain.interface.profiler import Tracer
 from unitrain.interface.speed_settings import SpeedSettings, make_speed_settings
@@ -42,8 +44,10 @@ from unitrain.train.checkpoint import (
     clean_partial_checkpoints,
     find_checkpoint,
     load_checkpoint,
+    nonfinite,
     prune_checkpoints,
     save_checkpoint,
+    still_latest,
 )
 from unitrain.train.evaluation import Evaluator
 from unitrain.train.loggers import make_sinks
@@ -63,6 +67,15 @@ log = logging.getLogger("unitrain")
 
 Record = Dict[str, Any]
 Sampler = Union[DistributedBatchSampler, EpochKeyedBatches]
+
+
+def out_of_memory(cfg: UnitrainConfig) -> UnitrainError:
+    """One line for a job that ran out of memory, naming what sizes it."""
+    size = (
+        f"data.image_size={cfg.data.image_size}, trainer.batch_size={cfg.trainer.batch_size}, model={cfg.model.name}, "
+        f"data.num_classes={cfg.data.num_classes}"
+    )
+    return UnitrainError(f"out of memory ({size}); allowed: a smaller image size, batch, model or number of classes")
 
 
 def train(cfg: UnitrainConfig, run_dir: str | Path) -> Dict[str, Any]:
@@ -151,12 +164,18 @@ class Trainer:
         self.malloc = malloc.apply(self.cfg.trainer.malloc)
         self.backend.set_threads(self.threads)
         self.backend.seed(self.cfg.trainer.seed)
-        with self.backend.distributed(self.cfg.dist, self.cfg.backend.device) as dist:
-            summary = self._fit(dist)
-            # The model, optimizer and DDP wrapper were local to _fit; collect their reference
-            # cycles now, while the process group exists. Left to interpreter shutdown, gloo
-            # work they hold aborts the process (pytorch/pytorch#179291).
-            gc.collect()
+        try:
+            with self.backend.distributed(self.cfg.dist, self.cfg.backend.device) as dist:
+                summary = self._fit(dist)
+                # The model, optimizer and DDP wrapper were local to _fit; collect their reference
+                # cycles now, while the process group exists. Left to interpreter shutdown, gloo
+                # work they hold aborts the process (pytorch/pytorch#179291).
+                gc.collect()
+        except Exception as err:
+            # The frameworks say it in their own words (torch's CPU allocator: a RuntimeError).
+            if is_out_of_memory(err) and not isinstance(err, UnitrainError):
+                raise out_of_memory(self.cfg) from None
+            raise
         return summary
 
     # --- building the job -----------------------------------------------------------------
@@ -362,6 +381,14 @@ class Trainer:
             plan.accumulate_steps,
             plan.lr,
         )
+        warmup = cfg.profiler.warmup_steps
+        if cfg.profiler.mode != "off" and warmup and warmup >= job.total_steps and dist.is_main_process:
+            log.warning(
+                "profiler.warmup_steps=%d leaves none of this run's %d steps after the warm-up: its timing summary "
+                "includes the warm-up steps",
+                warmup,
+                job.total_steps,
+            )
         progress = StepProgress(
             job.total_steps, f"{backend.name} {cfg.model.name}", main and cfg.trainer.progress, cfg.trainer.log_every
         )
@@ -417,16 +444,22 @@ class Trainer:
             self._log_pending(job.dist, loop)
         if due.evaluate:
             self._evaluate_now(job, loop, epoch)
-        if due.checkpoint and job.dist.is_main_process:
+        if due.checkpoint:
+            self._checkpoint_now(job, loop, epoch)
+
+    def _checkpoint_now(self, job: Job, loop: _Loop, epoch: int) -> None:
+        """A checkpoint of weights and optimizer state that are all finite, or none: a loss can be
+        finite while the update that followed it was not. Every rank decides alike (they hold the
+        same weights), so none waits in a collective for another that stopped."""
+        arrays = self.backend.state_arrays(job.raw_model)
+        broken = nonfinite(arrays) or optim_module(self.backend.name).nonfinite_state(job.raw_optimizer)
+        if broken:
+            loop.watch.broken_state(loop.step, broken, still_latest(self.run_dir))
+            return
+        if job.dist.is_main_process:
+            config = self._config()
             path = save_checkpoint(
-                self.run_dir,
-                loop.step,
-                epoch,
-                self.backend,
-                job.raw_model,
-                job.raw_optimizer,
-                job.precision,
-                self._config(),
+                self.run_dir, loop.step, epoch, self.backend, arrays, job.raw_optimizer, job.precision, config
             )
             prune_checkpoints(self.run_dir, self.cfg.trainer.keep_checkpoints)
             log.info("checkpoint: %s", path)

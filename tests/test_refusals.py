@@ -1,0 +1,234 @@
+"""What a careless user tries is refused in one line and leaves nothing behind; what goes wrong
+later (a diverging run, a full disk) never leaves a broken checkpoint or a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import BACKENDS, FAST, run_unitrain
+
+
+def one_error(result) -> str:
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    return lines[0]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["model.freeze_bn=2"], "model.freeze_bn=2 is not allowed: true or false"),
+        (["model.zero_init_residual=3"], "model.zero_init_residual=3 is not allowed: true or false"),
+        (["+foo=bar"], "foo is not a config key; allowed keys at the top level: backend, amp"),
+        (["+trainer.stepz=5"], "trainer.stepz is not a config key; allowed keys under trainer: steps"),
+        (["optim.schedule=step", "optim.gamma=0"], "optim.gamma=0.0 is not allowed: a number in (0, 1]"),
+        (["data.sample_delay_s=nan"], "data.sample_delay_s=nan is not allowed: a finite number of seconds >= 0"),
+        (["trainer.seed=99999999999999"], "trainer.seed=99999999999999 is not allowed: an integer in [0, 2**32)"),
+        (["data.num_workers=1000"], "data.num_workers=1000 is not allowed: at most"),
+        (["dist.nproc_per_node=1000"], "dist.nproc_per_node=1000 is not allowed: at most"),
+        (["data.num_classes=1000000000"], "data.num_classes=1000000000 is not allowed: at most"),
+        (["amp.level=O5"], "amp.level='O5' is not allowed: one of O0, O1, O2, O3"),
+        (
+            ["experiment=wide_deep_ps", "dist.ps.trainers=64", "model=wide_deep"],
+            "dist.ps.trainers=64 is not allowed: at most",
+        ),
+        (["foo"], "'foo' is not allowed: overrides are key=value"),
+    ],
+)
+def test_nonsense_is_refused_before_anything_is_written(args, message, tmp_path):
+    result = run_unitrain([*FAST, "trainer.steps=2", *args], tmp_path)
+    assert result.returncode == 2
+    assert one_error(result).startswith(f"unitrain: error: {message}"), result.stderr
+    assert not result.run_dir.exists()
+
+
+def test_a_refusal_only_the_framework_can_make_leaves_no_run_directory(tmp_path):
+    # torch decides that SyncBatchNorm needs a GPU once it has loaded, after Hydra wrote .hydra/.
+    result = run_unitrain(["backend=torch", *FAST, "trainer.steps=2", "dist.sync_bn=true"], tmp_path)
+    assert result.returncode == 2
+    assert "dist.sync_bn=True is not allowed: false on cpu" in one_error(result)
+    assert not result.run_dir.exists()
+
+
+def test_parity_refuses_a_tolerance_that_could_only_report_a_false_failure(tmp_path):
+    result = run_unitrain(["tolerance=-1", "model=tiny"], tmp_path, module="unitrain.parity")
+    assert result.returncode == 2
+    assert one_error(result) == (
+        "unitrain.parity: error: tolerance=-1.0 is not allowed: a finite number > 0 (the largest relative difference "
+        "that passes)"
+    )
+    assert not result.run_dir.exists()
+
+
+def test_argument_errors_are_one_line_without_a_usage_block(tmp_path):
+    for command in (["unitrain.convert", "x", "--to", "mxnet"], ["unitrain.compare"], ["unitrain.infer"]):
+        proc = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, cwd=tmp_path)
+        assert proc.returncode == 2
+        assert proc.stderr.count("\n") == 1 and "usage:" not in proc.stderr, proc.stderr
+
+
+def test_compare_refuses_a_target_that_is_not_a_number(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "unitrain.compare", str(tmp_path), "--target-loss", "nan"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "unitrain.compare: error: --target-loss=nan is not allowed: a finite number"
+    )
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("finished")
+    result = run_unitrain(["backend=torch", *FAST, "trainer.steps=4", "trainer.checkpoint_every=2"], root)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.run_dir
+
+
+def test_compare_skips_a_killed_run_with_a_warning_and_reports_the_others(finished_run, tmp_path):
+    killed = tmp_path / "killed"
+    shutil.copytree(finished_run, killed)
+    (killed / "summary.json").unlink()  # killed before its end: metrics, no summary
+    proc = subprocess.run(
+        [sys.executable, "-m", "unitrain.compare", str(finished_run), str(killed), "--out", str(tmp_path / "report")],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip().splitlines() == [
+        f"unitrain.compare: warning: skipping {killed}: it has no summary.json (the run did not finish)"
+    ]
+    assert "| torch |" in proc.stdout
+    alone = subprocess.run([sys.executable, "-m", "unitrain.compare", str(killed)], capture_output=True, text=True)
+    assert alone.returncode == 2 and "no usable run" in alone.stderr and "Traceback" not in alone.stderr
+
+
+@pytest.fixture()
+def read_only_dir(tmp_path):
+    """A directory nobody can write into, root included: a read-only file system."""
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(locked)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a read-only tmpfs here: {mounted.stderr.decode().strip()}")
+    yield locked
+    subprocess.run(["umount", str(locked)], check=True)
+
+
+def test_read_only_outputs_are_one_line(finished_run, read_only_dir):
+    compare = subprocess.run(
+        [sys.executable, "-m", "unitrain.compare", str(finished_run), "--out", str(read_only_dir)],
+        capture_output=True,
+        text=True,
+    )
+    assert compare.returncode == 2 and "allowed: a directory this user can write" in one_error(compare)
+    convert = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "unitrain.convert",
+            str(finished_run),
+            "--to",
+            "torch",
+            "--out",
+            str(read_only_dir / "m.pt"),
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert convert.returncode == 2 and "allowed: a file path this user can write" in one_error(convert)
+
+
+def test_resuming_non_finite_weights_names_the_checkpoint(finished_run, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(finished_run, broken)
+    checkpoint = broken / "checkpoints" / (broken / "checkpoints" / "latest").read_text().strip()
+    with np.load(checkpoint / "model.npz") as f:
+        arrays = {k: f[k] for k in f.files}
+    arrays["fc.weight"][0, 0] = np.nan
+    np.savez(checkpoint / "model.npz", **arrays)
+    result = run_unitrain(
+        ["backend=torch", *FAST, "trainer.steps=6", "trainer.checkpoint_every=2", f"trainer.resume={checkpoint}"],
+        tmp_path / "resume",
+    )
+    assert result.returncode == 2
+    assert one_error(result) == (
+        f"unitrain: error: checkpoint {checkpoint} holds weights that are not finite (fc.weight has nan or inf); "
+        "allowed: a checkpoint written before the training diverged"
+    )
+
+
+def finite_checkpoints(run_dir: Path) -> list:
+    kept = []
+    for folder in sorted((run_dir / "checkpoints").glob("step*")):
+        with np.load(folder / "model.npz") as f:
+            assert all(np.isfinite(f[k]).all() for k in f.files if f[k].dtype.kind == "f"), folder
+        kept.append(folder.name)
+    return kept
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_diverging_run_never_writes_a_broken_checkpoint(backend, tmp_path):
+    # lr 1e30: on Paddle step 2's loss is still finite while the update after it is not.
+    result = run_unitrain(
+        [f"backend={backend}", *FAST, "trainer.steps=6", "optim.lr=1e30", "trainer.checkpoint_every=1"], tmp_path
+    )
+    assert result.returncode == 1
+    error = [line for line in result.stderr.splitlines() if line.startswith("unitrain: error:")]
+    assert len(error) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert "is not finite" in error[0] or "the loss is nan" in error[0]
+    kept = finite_checkpoints(result.run_dir)
+    latest = (result.run_dir / "checkpoints" / "latest").read_text().strip()
+    assert latest in kept and not list((result.run_dir / "checkpoints").glob(".tmp-*"))
+
+
+@pytest.fixture()
+def small_disk(tmp_path):
+    """A file system of 1.2 MB: room for the tiny model's first checkpoint, not its second."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1200k", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {mounted.stderr.decode().strip()}")
+    yield disk
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_latest(backend, small_disk, tmp_path):
+    run_dir = small_disk / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "unitrain", f"backend={backend}", *FAST, "trainer.steps=6", "trainer.checkpoint_every=1"]
+        + [f"hydra.run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("unitrain: error:")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert errors[0].startswith(
+        f"unitrain: error: the checkpoint of step 2 could not be written into {run_dir / 'checkpoints'}: "
+    )
+    assert errors[0].endswith("; checkpoints/latest still names step1")
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step1"]
+    assert json.loads((run_dir / "checkpoints" / "step1" / "meta.json").read_text())["step"] == 1
+
+
+def test_an_unresolvable_master_address_is_said_before_waiting(tmp_path):
+    result = run_unitrain(
+        ["backend=torch", *FAST, "trainer.steps=2", "dist.nnodes=2", "dist.master_port=29431"]
+        + ["dist.master_addr=no-such-host.invalid", "dist.timeout_s=600"],
+        tmp_path,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "dist.master_addr='no-such-host.invalid' is not allowed: it does not resolve" in one_error(result)
