@@ -13,7 +13,7 @@ from omegaconf import DictConfig
 
 from unitrain.config.schema import register_configs
 from unitrain.config.validation import validate
-from unitrain.errors import NothingLeftToRun, Stopped, UnitrainError
+from unitrain.errors import NothingLeftToRun, Refusal, Stopped, UnitrainError
 from unitrain.launch.hydra import discard_refused, hydra_entry
 from unitrain.launch.supervise import launch, launch_ps, run_isolated
 from unitrain.report.training import table, write_report
@@ -58,12 +58,11 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     except UnitrainError as err:
         print(f"unitrain: error: {err}", file=sys.stderr, flush=True)
         code = getattr(err, "exit_code", 2)
-        if code == 2:
+        if isinstance(err, Refusal) and code == 2:
             discard_refused(run_dir)
         sys.exit(code)
     except MemoryError:
         print(f"unitrain: error: {out_of_memory(cfg)}", file=sys.stderr, flush=True)
-        discard_refused(run_dir)
         sys.exit(2)
     if summary is None:
         print(f"node {cfg.dist.node_rank} finished; node 0 holds the summary", flush=True)

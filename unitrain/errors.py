@@ -5,7 +5,13 @@ class UnitrainError(Exception):
     """Base class; the command line prints these as a single line and exits with status 2."""
 
 
-class ConfigError(UnitrainError):
+class Refusal(UnitrainError):
+    """A value or an input refused as it stands (a config value, a checkpoint that does not fit):
+    the job leaves nothing behind. Not a failure of the job itself (a node that never came, a full
+    disk), whose logs are kept."""
+
+
+class ConfigError(Refusal):
     """A config value that is well-typed but not allowed (Hydra already rejects wrong keys and types)."""
 
     def __init__(self, key: str, value: object, allowed: str):

@@ -17,7 +17,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from unitrain.config.schema import register_configs
-from unitrain.errors import UnitrainError
+from unitrain.errors import Refusal, UnitrainError
 from unitrain.launch.hydra import discard_refused, hydra_entry
 from unitrain.report.parity import format_table
 from unitrain.train.parity import run_parity, validate
@@ -32,7 +32,8 @@ def _main(cfg: DictConfig) -> None:
         report = run_parity(cfg, out_dir)
     except UnitrainError as err:
         print(f"unitrain.parity: error: {err}", file=sys.stderr, flush=True)
-        discard_refused(out_dir)
+        if isinstance(err, Refusal):
+            discard_refused(out_dir)
         sys.exit(2)
     print(format_table(report) + f"\n\nwritten: {out_dir / 'parity.json'}, {out_dir / 'parity.png'}", flush=True)
     if not report["passed"]:

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 
 from unitrain.config.schema import register_configs
 from unitrain.deploy.quantize import quantize, validate
-from unitrain.errors import UnitrainError
+from unitrain.errors import Refusal, UnitrainError
 from unitrain.launch.hydra import discard_refused, hydra_entry
 from unitrain.report.quantize import RESULT, markdown
 
@@ -32,7 +32,8 @@ def _main(cfg: DictConfig) -> None:
         report = quantize(cfg, out_dir)
     except UnitrainError as err:
         print(f"unitrain.quantize: error: {err}", file=sys.stderr, flush=True)
-        discard_refused(out_dir)
+        if isinstance(err, Refusal):
+            discard_refused(out_dir)
         sys.exit(2)
     print("\n" + markdown(report) + f"\n\n{RESULT}: {out_dir / RESULT}", flush=True)
     if any(r["effective"].startswith("FAILED") for r in report["rows"]):

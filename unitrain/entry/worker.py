@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     status(status="running")
     _tie_to_main_process(args, parent, status)
 
-    from unitrain.errors import NothingLeftToRun, UnitrainError
+    from unitrain.errors import NothingLeftToRun, Refusal, UnitrainError
 
     try:
         _run(args, role, on_sigterm)
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except UnitrainError as err:
         print(f"unitrain: error: {err}", file=sys.stderr, flush=True)
-        status(status="failed", error=str(err), user_error=True)
+        status(status="failed", error=str(err), user_error=True, refusal=isinstance(err, Refusal))
         return 2
     except KeyboardInterrupt:
         # Ctrl-C reaches the whole foreground process group, this process too when the main

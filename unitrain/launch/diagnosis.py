@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from unitrain.config.schema import DistConfig
-from unitrain.errors import UnitrainError
+from unitrain.errors import Refusal, UnitrainError
 from unitrain.host import processes
 from unitrain.interface.launch import Launcher
 from unitrain.launch.workers import DEATH_POLL_S, worker_statuses, zombie
@@ -129,7 +129,8 @@ def diagnose(
     # after it (or had finished): the refusal is the whole story.
     others_stopped = all(s["status"] in ("terminated", "done") for s in statuses if s["status"] != "failed")
     if len(user_errors) == 1 and all(s.get("user_error") for s in failed) and others_stopped:
-        return UnitrainError(user_errors.pop())
+        kind = Refusal if all(s.get("refusal") for s in failed) else UnitrainError
+        return kind(user_errors.pop())
     roles = _roles(statuses, run_dir, gone or {})
     culprits = roles["culprits"]
     if not culprits:

@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from unitrain.config.schema import UnitrainConfig
 from unitrain.config.validation import processes_per_node
 from unitrain.entry import worker
-from unitrain.errors import NothingLeftToRun, UnitrainError
+from unitrain.errors import NothingLeftToRun, Refusal, UnitrainError
 from unitrain.host.ports import port_in_use
 from unitrain.host.threads import available_cores, resolve_threads
 from unitrain.interface.launch import Launcher, busy_port_error, launch_module, not_joined_error
@@ -105,7 +105,7 @@ def run_isolated(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str,
     if returncode != 0:
         failed = [s for s in worker_statuses(run_dir) if s["status"] == "failed" and s.get("user_error")]
         if failed:
-            raise UnitrainError(failed[0]["error"])
+            raise (Refusal if failed[0].get("refusal") else UnitrainError)(failed[0]["error"])
         raise WorkerFailedError(f"the training process exited with code {returncode}")
     return _finished(run_dir)
 

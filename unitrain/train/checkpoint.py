@@ -23,7 +23,7 @@ from typing import Any, Dict, Iterable, List, Optional
 
 import numpy as np
 
-from unitrain.errors import UnitrainError
+from unitrain.errors import Refusal, UnitrainError
 from unitrain.interface.optim import optim_module
 from unitrain.model.weights import convert
 
@@ -32,7 +32,7 @@ log = logging.getLogger("unitrain")
 FORMAT = 1
 
 
-class CheckpointError(UnitrainError):
+class CheckpointError(Refusal):
     """A checkpoint that cannot be used here; nothing was changed."""
 
 

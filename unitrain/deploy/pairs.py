@@ -1,0 +1,128 @@
+"""A speed ratio between two exported models measured as interleaved pairs, in one process.
+
+Timing each artifact alone, minutes apart, lets whatever else the machine does in between decide
+the ratio. Here both run in one process on the same input, in blocks that alternate (reference
+then candidate, then the other way round), and each pair of blocks gives one ratio; the median
+over the pairs and its 95% interval (:mod:`unitrain.report.intervals`) are the claim.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Dict, List
+
+from unitrain.deploy import artifacts
+from unitrain.deploy.runtimes import runtimes_for, thread_env
+from unitrain.host.processes import die_with_parent
+from unitrain.interface.infer import Runtime
+from unitrain.report.intervals import ratio_summary
+
+#: Seconds a block of runs of the slower model lasts: long enough to swamp the clock's cost.
+BLOCK_S = 0.05
+
+
+@dataclass(frozen=True, kw_only=True)
+class Side:
+    """One model of a pair: an artifact, and which of its runtimes runs it."""
+
+    artifact: artifacts.Artifact
+    runtime: str
+
+    def to_json(self) -> Dict[str, Any]:
+        a = self.artifact
+        return {
+            "artifact": {**asdict(a), "directory": str(a.directory), "files": list(a.files)},
+            "runtime": self.runtime,
+        }
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "Side":
+        a = data["artifact"]
+        artifact = artifacts.Artifact(
+            Path(a["directory"]), a["name"], a["framework"], a["format"], tuple(a["files"]), a["batch"]
+        )
+        return cls(artifact=artifact, runtime=data["runtime"])
+
+
+def _load(side: Side, threads: int) -> Runtime:
+    runtime = next((r for r in runtimes_for(side.artifact, threads) if r.name == side.runtime), None)
+    if runtime is None:
+        raise ValueError(f"{side.artifact.name} has no runtime {side.runtime!r}")
+    runtime.load()
+    return runtime
+
+
+def interleave(runtimes: List[Runtime], inputs: List[Any], pairs: int, warmup: int) -> Dict[str, List[float]]:
+    """Seconds per run of each, in alternating blocks; ratios reference / candidate."""
+    for runtime, x in zip(runtimes, inputs):
+        for _ in range(max(1, warmup)):
+            runtime.run(x)
+    once = []
+    for runtime, x in zip(runtimes, inputs):
+        started = time.perf_counter()
+        runtime.run(x)
+        once.append(time.perf_counter() - started)
+    per_block = max(1, int(BLOCK_S / max(once)))
+    seconds: List[List[float]] = [[], []]
+    for i in range(pairs):
+        for k in (0, 1) if i % 2 == 0 else (1, 0):
+            started = time.perf_counter()
+            for _ in range(per_block):
+                runtimes[k].run(inputs[k])
+            seconds[k].append((time.perf_counter() - started) / per_block)
+    return {"reference_s": seconds[0], "candidate_s": seconds[1], "ratios": [a / b for a, b in zip(*seconds)]}
+
+
+def pair_worker(spec_file: str) -> int:
+    """Runs in a child process: one pair, written as JSON next to the spec."""
+    die_with_parent()
+    spec = json.loads(Path(spec_file).read_text())
+    dataset, _ = artifacts.held_out(artifacts.job_config(spec["config"]), spec["batch"])
+    images, _ = artifacts.stack(dataset, range(spec["batch"]))
+    sides = [Side.from_json(spec[k]) for k in ("reference", "candidate")]
+    runtimes = [_load(side, spec["threads"]) for side in sides]
+    measured = interleave(runtimes, [r.prepare(images) for r in runtimes], spec["pairs"], spec["warmup"])
+    Path(spec["result"]).write_text(json.dumps(measured))
+    return 0
+
+
+def measure_pair(
+    reference: Side, candidate: Side, config: Dict[str, Any], batch: int, threads: int, pairs: int, warmup: int
+) -> Dict[str, Any]:
+    """reference's time / candidate's time per run at ``batch``, as a median over ``pairs``
+    interleaved pairs with its 95% interval; ``{"error": ...}`` when either cannot run."""
+    with tempfile.TemporaryDirectory(prefix="unitrain-pair-") as tmp:
+        spec = {
+            "reference": reference.to_json(),
+            "candidate": candidate.to_json(),
+            "config": config,
+            "batch": batch,
+            "threads": threads,
+            "pairs": pairs,
+            "warmup": warmup,
+            "result": str(Path(tmp) / "pair.json"),
+        }
+        spec_file = Path(tmp) / "pair.spec.json"
+        spec_file.write_text(json.dumps(spec))
+        env = thread_env(threads)
+        done = subprocess.run(
+            [sys.executable, "-m", "unitrain.infer", "--pair", str(spec_file)],
+            env=env,
+            preexec_fn=die_with_parent,
+            capture_output=True,
+            text=True,
+        )
+        if done.returncode != 0 or not Path(spec["result"]).exists():
+            said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+            return {
+                "error": f"the pair process ended with exit status {done.returncode}"
+                + (f": {said[-1][:200]}" if said else "")
+            }
+        measured = json.loads(Path(spec["result"]).read_text())
+    return {**ratio_summary(measured["ratios"]), "batch": batch, **measured}

@@ -1,0 +1,31 @@
+"""Medians with their 95% interval: how every speed claim of unitrain is stated."""
+
+from __future__ import annotations
+
+from typing import Dict, Sequence, Tuple
+
+import numpy as np
+
+#: An interval wider than this, relative to its median, is flagged: the machine was too busy
+#: (or the runs too few) for the ratio to be trusted to better than that.
+WIDE = 0.25
+
+
+def median_ci(values: Sequence[float], level: float = 0.95, resamples: int = 2000) -> Tuple[float, float, float]:
+    """The median and a percentile-bootstrap confidence interval for it (seeded: reproducible)."""
+    values_ = np.asarray(values, dtype=float)
+    medians = np.median(np.random.default_rng(0).choice(values_, (resamples, len(values_))), axis=1)
+    tail = 100 * (1 - level) / 2
+    return float(np.median(values_)), float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
+
+
+def ratio_summary(ratios: Sequence[float]) -> Dict[str, float | int | bool]:
+    """A ratio measured as interleaved pairs: median, 95% interval, pairs, and whether it is wide."""
+    median, low, high = median_ci(ratios)
+    return {"median": median, "low": low, "high": high, "pairs": len(ratios), "wide": (high - low) > WIDE * median}
+
+
+def ratio_text(summary: Dict[str, float | int | bool]) -> str:
+    """``1.83x [1.71, 1.95]``, and ``(wide)`` when the interval is."""
+    text = f"{summary['median']:.2f}x [{summary['low']:.2f}, {summary['high']:.2f}]"
+    return text + (" (wide)" if summary["wide"] else "")
