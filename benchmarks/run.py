@@ -57,6 +57,7 @@ from unitrain.host.atomic import replace_text
 from unitrain.host.machine import FLAGS
 from unitrain.host.machine import cpu as cpu_info
 from unitrain.launch.arguments import OneLineParser
+from unitrain.report.intervals import median_ci
 
 HERE = Path(__file__).resolve().parent
 BACKENDS = ("paddle", "torch")
@@ -97,14 +98,6 @@ TUNED_VARIANTS = {
         ("torch", "channels_last"),
     ],
 }
-
-
-def median_ci(values: List[float], level: float = 0.95, resamples: int = 2000) -> Tuple[float, float, float]:
-    """The median and a percentile-bootstrap confidence interval for it (seeded: reproducible)."""
-    values_ = np.asarray(values, dtype=float)
-    medians = np.median(np.random.default_rng(0).choice(values_, (resamples, len(values_))), axis=1)
-    tail = 100 * (1 - level) / 2
-    return float(np.median(values_)), float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
 
 
 class Bench:

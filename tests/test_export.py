@@ -180,12 +180,20 @@ def test_infer_runs_every_artifact_in_every_runtime_and_reports(exported, tmp_pa
         "3",
         "--min-time",
         "0",
+        "--pairs",
+        "2",
         "--out",
         str(out),
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "inference.json").read_text())
+    # Every row's speed against the first row is a ratio of interleaved pairs, with its interval.
+    first = result["reference"]
+    for row in result["rows"]:
+        if (row["name"], row["runtime"]) != (first["name"], first["runtime"]):
+            pair = row["vs_reference"]
+            assert pair["pairs"] == 2 and pair["low"] <= pair["median"] <= pair["high"], row
     runtimes = {(r["name"], r["runtime"]) for r in result["rows"]}
     assert {name for name, _ in runtimes} == FOUR
     assert len(runtimes) == 7  # 2 torch, 3 paddle, ONNX Runtime on each ONNX file

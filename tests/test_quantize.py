@@ -24,7 +24,7 @@ pytest.importorskip("onnxruntime", reason="quantization tests need the export ex
 #: loss is about 0.03 (top-1 0.99) and ONNX Runtime and the simulations lose at most 0.4 points.
 TRAIN = ["data=learnable", "data.val_samples=256", "trainer.steps=120", "trainer.checkpoint_every=120"]
 #: One batch size: torch.compile compiles once per batch size, and that is most of a test's time.
-QUICK = ["batches=[4]", "min_time_s=0", "min_iters=3", "warmup=1", "calib_batches=4", "calib_batch_size=8"]
+QUICK = ["batches=[4]", "min_time_s=0", "min_iters=3", "warmup=1", "calib_batches=4", "calib_batch_size=8", "pairs=2"]
 #: Held-out top-1 a quantized model may lose against fp32 on the learnable data, in points
 #: (256 held-out samples: one sample is 0.39 points). ONNX Runtime and the simulated programs
 #: (torch eager, Paddle Inference without int8) lost at most 1.2.
@@ -87,6 +87,13 @@ def test_static_torch_runs_int8_kernels_in_inductor_and_onnxruntime(trained, tmp
     assert eager["effective"] == "simulated (fake-quant, fp32 kernels)"
     assert table[("model.torch.onnx", "onnxruntime")]["effective"] == "fp32"
     assert table[("model.torch.pt2", "torch.compile (inductor)")]["effective"] == "fp32"
+    # Every speed-up is a ratio of interleaved pairs against the same job's fp32 artifact in the
+    # same runtime, with its interval.
+    for row in (ort, compiled, eager):
+        speedup = row["speedup"]["4"]
+        assert speedup["pairs"] == 2 and speedup["low"] <= speedup["median"] <= speedup["high"], row
+        assert len(speedup["ratios"]) == 2 and speedup["batch"] == 4
+    assert "speed-up (batch 4, 95% CI)" in (result.run_dir / "quantize.md").read_text()
     # Smaller where the table says so: int8 weights (the tiny model's .pt2 is mostly its graph).
     assert ort["size_vs_fp32"] < 0.5 and compiled["size_vs_fp32"] < 0.8
     assert "| effective |" in (result.run_dir / "quantize.md").read_text()

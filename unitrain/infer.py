@@ -19,6 +19,7 @@ from typing import List, Sequence
 import numpy as np
 
 from unitrain.deploy.infer import RESULT, Timing, benchmark, worker
+from unitrain.deploy.pairs import pair_worker
 from unitrain.errors import UnitrainError
 from unitrain.launch.arguments import OneLineParser
 from unitrain.report.inference import markdown
@@ -62,6 +63,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--min-iters", type=int, default=20, help="timed runs at least (default 20)")
     parser.add_argument(
+        "--pairs",
+        type=int,
+        default=10,
+        help="interleaved pairs behind each row's ratio to the first row (default 10; 0: no ratios)",
+    )
+    parser.add_argument(
         "--min-time", type=float, default=2.0, help="and at least this many seconds of timed runs (default 2)"
     )
     parser.add_argument(
@@ -82,6 +89,8 @@ def _timing(args: argparse.Namespace) -> Timing:
             raise UnitrainError(f"{key}={value} is not allowed: a number >= 0")
     if args.min_iters < 1:
         raise UnitrainError(f"--min-iters={args.min_iters} is not allowed: an integer >= 1")
+    if args.pairs < 0 or args.pairs == 1:
+        raise UnitrainError(f"--pairs={args.pairs} is not allowed: 0 (no ratios) or at least 2")
     return Timing(
         batches=batches,
         threads=args.threads,
@@ -89,12 +98,13 @@ def _timing(args: argparse.Namespace) -> Timing:
         warmup=args.warmup,
         min_iters=args.min_iters,
         min_time_s=args.min_time,
+        pairs=args.pairs,
     )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if argv is None and len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        return worker(sys.argv[2])
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] in ("--worker", "--pair"):
+        return (worker if sys.argv[1] == "--worker" else pair_worker)(sys.argv[2])
     args = _parser().parse_args(argv)
     try:
         out = benchmark(args.inputs, _timing(args), args.out)

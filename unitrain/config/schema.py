@@ -398,6 +398,9 @@ class QuantizeConfig:
     min_time_s: float = 2.0
     min_iters: int = 20
     warmup: int = 5
+    # Interleaved pairs of runs behind each speed-up (int8 against the same job's fp32 artifact,
+    # in the same runtime and process).
+    pairs: int = 10
     qat: QatConfig = field(default_factory=QatConfig)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from unitrain.deploy import artifacts
-from unitrain.deploy.runtimes import accuracy, runtimes_for, time_runtime
+from unitrain.deploy.pairs import Side, measure_pair
+from unitrain.deploy.runtimes import accuracy, runtimes_for, thread_env, time_runtime
 from unitrain.errors import UnitrainError
 from unitrain.host.atomic import replace_text
 from unitrain.host.machine import cpu
@@ -98,13 +98,7 @@ def _run_artifact(
     }
     spec_file = workdir / f"{artifact.name}.spec.json"
     spec_file.write_text(json.dumps(spec))
-    # Every runtime's OpenMP/MKL pool gets the same size, whichever library reads which variable.
-    env = {
-        **os.environ,
-        "OMP_NUM_THREADS": str(options["threads"]),
-        "MKL_NUM_THREADS": str(options["threads"]),
-        "GLOG_minloglevel": "2",
-    }
+    env = thread_env(options["threads"])
     # The worker's rows are relayed as they come; what the frameworks print on import (Paddle's
     # OMP_NUM_THREADS advice for data-parallel training, say) is kept for a failure's message.
     with tempfile.TemporaryFile(mode="w+") as noise:
@@ -146,6 +140,8 @@ class Timing:
     warmup: int = 5
     min_iters: int = 20
     min_time_s: float = 2.0
+    # Interleaved pairs behind every ratio (0: no ratios).
+    pairs: int = 10
 
 
 def _artifacts_in(inputs: Sequence[str]) -> List[Tuple[artifacts.Artifact, Dict[str, Any]]]:
@@ -194,12 +190,39 @@ def benchmark(inputs: Sequence[str], timing: Timing, out: Optional[str]) -> Path
         "eval_samples": timing.eval_samples or "all",
         "timed": "one inference on an input already in the runtime's memory, logits read back as NumPy",
         "rows": rows,
+        "pairs": timing.pairs,
     }
+    _against_the_first(result, found, timing)
     out_dir.mkdir(parents=True, exist_ok=True)
     replace_text(out_dir / RESULT, json.dumps(result, indent=2, default=str))
     (out_dir / "inference.md").write_text(markdown(result) + "\n")
     plot(result, out_dir / "inference.png")
     return out_dir
+
+
+def _against_the_first(
+    result: Dict[str, Any], found: List[Tuple[artifacts.Artifact, Dict[str, Any]]], timing: Timing
+) -> None:
+    """Each row's speed against the first row that ran, at the smallest batch, as interleaved pairs
+    (``vs_reference``): the ratio the table shows, never one of two runs minutes apart."""
+    rows = [r for r in result["rows"] if "error" not in r]
+    batch = min(timing.batches)
+    by_name = {a.name: (a, m) for a, m in found}
+    reference = next((r for r in rows if by_name[r["name"]][0].accepts(batch)), None)
+    if not timing.pairs or reference is None:
+        return
+    result["reference"] = {"name": reference["name"], "runtime": reference["runtime"], "batch": batch}
+    first = Side(artifact=by_name[reference["name"]][0], runtime=reference["runtime"])
+    for row in rows:
+        artifact, manifest = by_name[row["name"]]
+        if row is reference or not artifact.accepts(batch):
+            continue
+        against = f"{reference['runtime']} on {reference['name']}"
+        print(f"{ROW_PREFIX}{row['runtime']} on {row['name']}: interleaved pairs against {against}", flush=True)
+        second = Side(artifact=artifact, runtime=row["runtime"])
+        row["vs_reference"] = measure_pair(
+            first, second, manifest["config"], batch, timing.threads, timing.pairs, timing.warmup
+        )
 
 
 def _out_dir(out: Optional[str], found: List[artifacts.Artifact]) -> Path:

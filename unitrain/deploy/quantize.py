@@ -26,7 +26,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -38,6 +38,7 @@ from unitrain.deploy import artifacts
 from unitrain.deploy.export import export
 from unitrain.deploy.infer import Timing, benchmark
 from unitrain.deploy.onnx_quantize import quantize_onnx
+from unitrain.deploy.pairs import Side, measure_pair
 from unitrain.errors import ConfigError, UnitrainError
 from unitrain.host.atomic import replace_text
 from unitrain.host.machine import cpu
@@ -62,6 +63,8 @@ def validate(cfg: QuantizeConfig) -> None:
         raise ConfigError("qat.lr", cfg.qat.lr, "a finite number > 0, or null for 1% of the job's lr")
     if cfg.min_iters < 1 or cfg.warmup < 0 or not 0 <= cfg.min_time_s < float("inf"):
         raise ConfigError("min_iters", cfg.min_iters, "min_iters >= 1, warmup >= 0 and a finite min_time_s >= 0")
+    if cfg.pairs < 2:
+        raise ConfigError("pairs", cfg.pairs, "an integer >= 2 (interleaved pairs behind each speed-up)")
     if cfg.eval_samples < 0:
         raise ConfigError("eval_samples", cfg.eval_samples, "an integer >= 0 (0: all)")
     cores = len(os.sched_getaffinity(0))
@@ -253,9 +256,11 @@ def _measure(
         warmup=cfg.warmup,
         min_iters=cfg.min_iters,
         min_time_s=cfg.min_time_s,
+        pairs=0,  # the speed-ups below are this run's ratios
     )
     inference_dir = benchmark([str(fp32_dir), str(int8_dir)], timing, str(out_dir / "inference"))
     timed = json.loads((inference_dir / "inference.json").read_text())
+    speedups = _speedups(q, timed["rows"], fp32_dir, int8_dir, manifest)
     sizes = {
         **{n: e["bytes"] for n, e in fp32["artifacts"].items()},
         **{n: e["bytes"] for n, e in manifest["artifacts"].items()},
@@ -270,13 +275,47 @@ def _measure(
         "cpu": cpu(),
         "held_out": timed["eval_samples"],
         "batches": timed["batches"],
-        "rows": table(timed["rows"], sizes, methods),
+        "rows": table(timed["rows"], sizes, methods, speedups),
+        "pairs": cfg.pairs,
         "made_by": {n: e["quantizer"] for n, e in manifest["artifacts"].items()},
     }
     replace_text(out_dir / RESULT, json.dumps(report, indent=2, default=str))
     (out_dir / "quantize.md").write_text(markdown(report) + "\n")
     plot(report["rows"], report["batches"], out_dir / "quantize.png")
     return report
+
+
+def _speedups(
+    q: Quantization, rows: List[Dict[str, Any]], fp32_dir: Path, int8_dir: Path, manifest: Dict[str, Any]
+) -> Dict[Tuple[str, str], Dict[str, Any]]:
+    """(int8 file, runtime) -> its speed-up over the fp32 artifact of the same format in the same
+    runtime, at the largest batch, as interleaved pairs in one process."""
+    fp32 = {a.name: a for a in artifacts.locate(str(fp32_dir))[1]}
+    int8 = {a.name: a for a in artifacts.locate(str(int8_dir))[1]}
+    batch, found = max(q.cfg.batches), {}
+    for row in rows:
+        if row["name"] not in int8 or "error" in row:
+            continue
+        base = next(
+            (
+                b
+                for b in rows
+                if b["name"] in fp32 and b["format"] == row["format"] and b["runtime"] == row["baseline_runtime"]
+            ),
+            None,
+        )
+        if base is None or "error" in base:
+            continue
+        print(
+            f"  | speed-up of {row['name']} in {row['runtime']}: {q.cfg.pairs} pairs with {base['name']} ...",
+            flush=True,
+        )
+        reference = Side(artifact=fp32[base["name"]], runtime=base["runtime"])
+        candidate = Side(artifact=int8[row["name"]], runtime=row["runtime"])
+        found[(row["name"], row["runtime"])] = measure_pair(
+            reference, candidate, manifest["config"], batch, q.threads, q.cfg.pairs, q.cfg.warmup
+        )
+    return found
 
 
 def qat_job_config(q: Quantization) -> Any:

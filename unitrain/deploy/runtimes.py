@@ -3,6 +3,7 @@ backend provides, the clock, and held-out accuracy."""
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -133,3 +134,9 @@ def accuracy(runtime: Runtime, dataset, samples: int, batch: int, fixed: bool) -
         logits = runtime.run(runtime.prepare(images))[: len(indices)]
         correct += int((np.asarray(logits).argmax(1) == labels).sum())
     return {"top1": correct / samples, "samples": samples}
+
+
+def thread_env(threads: int) -> Dict[str, str]:
+    """The environment of a process that runs models: every runtime's OpenMP/MKL pool the same
+    size, whichever library reads which variable, and Paddle's C++ log quiet."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "GLOG_minloglevel": "2"}

@@ -7,14 +7,14 @@ from typing import Any, Dict, List
 
 from unitrain.host.machine import describe_cpu
 from unitrain.report import style
+from unitrain.report.intervals import ratio_text
 from unitrain.report.tables import markdown as md_table
 
 
 # --- the report -------------------------------------------------------------------------------
 def table_rows(result: Dict[str, Any]) -> List[Dict[str, str]]:
     small, large = min(result["batches"]), max(result["batches"])
-    p50s = [r["latency"][str(small)]["p50_ms"] for r in result["rows"] if str(small) in r.get("latency", {})]
-    fastest = min(p50s) if p50s else None
+    reference = result.get("reference")
     rows = []
     for r in result["rows"]:
         lat = r.get("latency", {})
@@ -27,13 +27,29 @@ def table_rows(result: Dict[str, Any]) -> List[Dict[str, str]]:
                 f"p50 ms (batch {small})": f"{b1['p50_ms']:.2f}" if b1 else "-",
                 f"p90 ms (batch {small})": f"{b1['p90_ms']:.2f}" if b1 else "-",
                 f"p99 ms (batch {small})": f"{b1['p99_ms']:.2f}" if b1 else "-",
-                "p50 / fastest": f"{b1['p50_ms'] / fastest:.2f}" if b1 and fastest else "-",
+                f"speed vs {_first(reference)}": _ratio_cell(r, reference),
                 f"img/s (batch {large})": f"{bn['throughput_ips']:.1f}" if bn else "-",
                 "held-out top-1": f"{r['accuracy']['top1']:.4f}" if "accuracy" in r else "-",
                 "what ran": _what_ran(r),
             }
         )
     return rows
+
+
+def _first(reference: Dict[str, Any] | None) -> str:
+    return "the first row" if reference is None else f"row 1 (batch {reference['batch']}, 95% CI)"
+
+
+def _ratio_cell(row: Dict[str, Any], reference: Dict[str, Any] | None) -> str:
+    """The row's speed against the first row, measured as interleaved pairs (>1: faster)."""
+    if reference is None:
+        return "-"
+    if row["name"] == reference["name"] and row["runtime"] == reference["runtime"]:
+        return "reference"
+    pair = row.get("vs_reference")
+    if not pair:
+        return "-"
+    return f"FAILED: {pair['error']}" if "error" in pair else ratio_text(pair)
 
 
 def _what_ran(row: Dict[str, Any]) -> str:
@@ -52,7 +68,9 @@ def markdown(result: Dict[str, Any]) -> str:
     return (
         md_table(table_rows(result)) + f"\n\nCPU: {describe_cpu(result['cpu'], {})}; "
         f"{result['threads']} thread(s) for every runtime. Timed: {result['timed']}; warm-up excluded; medians over "
-        f"at least {result['min_iters']} runs. Held-out top-1 over {result['eval_samples']} samples."
+        f"at least {result['min_iters']} runs. Held-out top-1 over {result['eval_samples']} samples. Speed against the "
+        f"first row: the median, with its 95% interval, of {result.get('pairs', 0)} interleaved pairs of runs in one "
+        "process (reference / row time per run; above 1: faster); (wide): an interval wider than a quarter of it."
     )
 
 

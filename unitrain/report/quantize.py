@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from unitrain.host.machine import describe_cpu
 from unitrain.report import style
+from unitrain.report.intervals import ratio_text
 
 RESULT = "quantize.json"
 
@@ -31,9 +32,15 @@ def effective(kernels: Optional[Dict[str, int]]) -> str:
     return "fp32"
 
 
-def table(rows: List[Dict[str, Any]], sizes: Dict[str, int], methods: Dict[str, str]) -> List[Dict[str, Any]]:
+def table(
+    rows: List[Dict[str, Any]],
+    sizes: Dict[str, int],
+    methods: Dict[str, str],
+    speedups: Dict[Tuple[str, str], Dict[str, Any]],
+) -> List[Dict[str, Any]]:
     """One row per artifact and runtime, set against the fp32 artifact of the same format in
-    the same runtime; ``methods`` names the quantized artifacts' methods (the rest are fp32)."""
+    the same runtime; ``methods`` names the quantized artifacts' methods (the rest are fp32),
+    ``speedups`` their speed-ups as interleaved pairs (``deploy.pairs``) by (file, runtime)."""
     out = []
     for r in rows:
         precision = methods.get(r["name"], "fp32")
@@ -69,11 +76,10 @@ def table(rows: List[Dict[str, Any]], sizes: Dict[str, int], methods: Dict[str, 
             if base and row["top1"] is not None and base["top1"] is not None
             else None
         )
-        row["speedup"] = {
-            b: base["latency"][b]["p50_ms"] / v["p50_ms"]
-            for b, v in row["latency"].items()
-            if base and b in base.get("latency", {})
-        }
+        pair = speedups.get((row["file"], row["runtime"]))
+        row["speedup"] = (
+            {str(pair["batch"]): pair} if pair and "batch" in pair else ({"error": pair["error"]} if pair else {})
+        )
     return out
 
 
@@ -126,11 +132,17 @@ def table_markdown_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
                 "vs fp32 (points)": f"{r['top1_delta_points']:+.2f}" if r["top1_delta_points"] is not None else "-",
                 f"p50 ms (batch {small})": f"{b1['p50_ms']:.2f}" if b1 else "-",
                 f"img/s (batch {large})": f"{bn['throughput_ips']:.0f}" if bn else "-",
-                f"speed-up (batch {large})": f"{r['speedup'][large]:.2f}x" if large in r["speedup"] else "-",
+                f"speed-up (batch {large}, 95% CI)": _speedup_cell(r["speedup"], large),
                 "effective": r["effective"],
             }
         )
     return rows
+
+
+def _speedup_cell(speedup: Dict[str, Any], batch: str) -> str:
+    if "error" in speedup:
+        return f"FAILED: {speedup['error']}"
+    return ratio_text(speedup[batch]) if batch in speedup else "-"
 
 
 def markdown(report: Dict[str, Any], rows: Optional[List[Dict[str, str]]] = None) -> str:
@@ -156,8 +168,32 @@ def markdown(report: Dict[str, Any], rows: Optional[List[Dict[str, str]]] = None
         + "; ".join(f"{name}: {by}" for name, by in report.get("made_by", {}).items())
         + f". Held-out top-1 over {report['held_out']} samples; {report['threads']} thread(s) "
         f"for every runtime. CPU: {describe_cpu(report['cpu'], {})} "
-        f"(int8 is fast with VNNI or AMX). `effective` is read from the kernels each runtime ran, not from the method."
+        f"(int8 is fast with VNNI or AMX). `effective` is read from the kernels each runtime ran, not from the method. "
+        f"Speed-up: the median, with its 95% interval, of {report.get('pairs', '?')} interleaved pairs of runs of the "
+        "int8 artifact and the same job's fp32 one in one process and runtime ((wide): an interval wider than a "
+        "quarter of it); img/s times each artifact alone, so on a busy machine the two can disagree."
+        + _deployment_notes(report)
     )
+
+
+def _deployment_notes(report: Dict[str, Any]) -> str:
+    """What a user deploying these artifacts trips on, where it applies."""
+    notes = []
+    if any(r["file"].endswith(".pt2") and r["precision"] != "fp32" for r in report["rows"]):
+        notes.append(
+            "a quantized .pt2 loads with plain torch.export.load only after `import torchao.quantization.pt2e."
+            "quantize_pt2e` (it registers the quantized operators)"
+        )
+    if any(r["format"] == "onnx" and r["precision"] == "dynamic" for r in report["rows"]):
+        notes.append(
+            "ONNX Runtime's dynamic quantization computes activation scales per batch, so its accuracy depends on the "
+            "batch size"
+        )
+    if report["method"] == "dynamic":
+        notes.append(
+            "dynamic int8 speeds up Linear-heavy models (transformers); on convolutional ones it only shrinks the file"
+        )
+    return "".join(f" Note: {n}." for n in notes)
 
 
 def plot(rows: List[Dict[str, Any]], batches: List[int], path: Path) -> Path:
