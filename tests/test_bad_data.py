@@ -69,3 +69,14 @@ def test_one_class_folder_is_refused_in_one_line(unitrain_cli, tmp_path):
         and "at least 2 class sub-directories" in result.stderr
         and "Traceback" not in result.stderr
     )
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_bad_file_in_data_parallel_is_the_same_one_line_and_leaves_no_run_directory(backend, unitrain_cli, tmp_path):
+    victim = image_folder(tmp_path / "data", "truncated")
+    result = unitrain_cli(f"backend={backend}", *RUN, f"data.path={tmp_path / 'data'}", "dist.nproc_per_node=2")
+    # The other rank only lost its peer: that is not news to the user, the file is.
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [result.stderr.strip()], result.stderr[-3000:]
+    assert str(victim) in result.stderr and "data.skip_bad_files=true" in result.stderr
+    assert not result.run_dir.exists()

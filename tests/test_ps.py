@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import run_unitrain
+from conftest import BACKENDS, run_unitrain
 from unitrain.data import criteo
 from unitrain.errors import UnitrainError
 
@@ -317,3 +317,25 @@ def test_a_criteo_tsv_file_trains_and_holds_out_the_rows_after_the_training_ones
     result = run_unitrain([*args, "dist.ps.servers=0", "dist.ps.trainers=1"], tmp_path)
     summary = _check_job(result, "local", 0, 1)
     assert summary["rows"] == 3000 and summary["data"] == "criteo"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bad", ["a broken line", "too large a batch"])
+def test_a_bad_file_or_batch_in_a_running_job_is_one_line_and_leaves_no_run_directory(backend, bad, tmp_path):
+    # Found by the trainers once the servers are up: each trainer refuses the same thing, and
+    # the user reads it once, not once per process with their logs.
+    python = paddle_ps_python() if backend == "paddle" else sys.executable
+    data = tmp_path / "day.tsv"
+    lines = criteo.synthetic_lines(400, 0)
+    if bad == "a broken line":
+        lines[150] = "garbage"
+    data.write_text("\n".join(lines) + "\n")
+    batch = "trainer.batch_size=500" if bad == "too large a batch" else "trainer.batch_size=32"
+    args = [*SMALL, f"backend={backend}", "data=criteo", f"data.path={data}", "data.num_samples=300", batch]
+    result = run_unitrain([*args, "data.val_samples=100"], tmp_path, python=python)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    expected = "line 151 has 1 fields" if bad == "a broken line" else "trainer.batch_size=500 is not allowed: at most"
+    assert expected in lines[0] and (bad != "a broken line" or str(data) in lines[0])
+    assert not result.run_dir.exists()

@@ -84,7 +84,16 @@ def test_trace_window_beyond_the_run_is_said(unitrain_cli):
 @pytest.mark.slow
 def test_multirun_report_has_table_plots_and_html(tmp_path):
     result = run_unitrain(
-        ["-m", "backend=paddle,torch", "amp=O0,O1", "amp.dtype=bfloat16", *FAST, "trainer.steps=6"], tmp_path
+        [
+            "-m",
+            "backend=paddle,torch",
+            "amp=O0,O1",
+            "amp.dtype=bfloat16",
+            *FAST,
+            "data.image_size=32",
+            "trainer.steps=6",
+        ],
+        tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     sweep = tmp_path / "multirun"

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import math
+import os
+from typing import Any, Set
 
 from unitrain.config.schema import DistConfig
 from unitrain.errors import ConfigError
+from unitrain.host import machine
+from unitrain.model.specs import MODELS
+
+log = logging.getLogger("unitrain")
+_warned: Set[str] = set()  # validate() runs before Hydra and again inside it: say it once
 
 __all__ = ["check", "check_all_reduce"]
 
@@ -18,6 +26,30 @@ def check(cfg: Any) -> None:
             "sync or async with backend=torch (geo-SGD is Paddle's; torch.distributed.rpc has no counterpart)",
         )
     check_all_reduce(cfg.dist)
+    _warn_of_onednn_bf16_on_one_pixel(cfg)
+
+
+def _warn_of_onednn_bf16_on_one_pixel(cfg: Any) -> None:
+    """oneDNN's bf16 convolution backward (torch's on AVX-512 CPUs) returns non-finite weight
+    gradients, at random, for a stride-2 3x3 convolution whose input is one pixel (benchmarks/README.md,
+    "oneDNN bf16 NaN"); a ResNet's layer4 sees one at data.image_size <= 16. The run then stops with a NaN
+    loss that lowering the learning rate does not cure."""
+    amp, isa = cfg.amp, os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
+    extensions = machine.cpu()["extensions"] or []
+    if amp.level == "O0" or amp.dtype != "bfloat16" or "avx512f" not in extensions or isa.startswith(("AVX2", "SSE")):
+        return
+    if cfg.model.name not in MODELS or cfg.backend.device not in ("auto", "cpu"):
+        return
+    stem = MODELS.get(cfg.model.name).stem_layers
+    layer4_input = math.ceil(cfg.data.image_size / (stem.stride * (2 if stem.max_pool else 1)) / 4)
+    message = (
+        f"data.image_size={cfg.data.image_size} leaves {cfg.model.name}'s layer4 a 1x1 input, on which torch's oneDNN "
+        "bf16 convolution backward gives non-finite gradients at random on this AVX-512 CPU: the run may stop with "
+        "a NaN loss that is not the learning rate's; use data.image_size >= 32 or ONEDNN_MAX_CPU_ISA=AVX2"
+    )
+    if layer4_input <= 1 and message not in _warned:
+        _warned.add(message)
+        log.warning(message)
 
 
 def check_all_reduce(dist: DistConfig) -> None:

@@ -23,7 +23,7 @@ from typing import Iterable, Iterator, List
 
 import numpy as np
 
-from unitrain.errors import ConfigError, UnitrainError
+from unitrain.errors import ConfigError, Refusal
 
 DENSE_FEATURES = 13
 SPARSE_SLOTS = 26
@@ -74,8 +74,8 @@ def parse_lines(lines: Iterable[str], buckets: int, source: str = "data.path") -
     dense: List[List[float]] = []
     sparse: List[List[int]] = []
 
-    def refuse(number: int, why: str) -> UnitrainError:
-        return UnitrainError(
+    def refuse(number: int, why: str) -> Refusal:
+        return Refusal(
             f"{source} is not allowed: line {number} {why}; Criteo rows are {FIELDS} tab-separated fields (label 0/1, "
             "I1..I13 integers or empty, C1..C26)"
         )
@@ -95,7 +95,7 @@ def parse_lines(lines: Iterable[str], buckets: int, source: str = "data.path") -
         dense.append(counts)
         sparse.append([hash_value(s, v, buckets) for s, v in enumerate(fields[1 + DENSE_FEATURES :])])
     if not labels:
-        raise UnitrainError(f"{source} is not allowed: it holds no rows; Criteo rows are {FIELDS} tab-separated fields")
+        raise Refusal(f"{source} is not allowed: it holds no rows; Criteo rows are {FIELDS} tab-separated fields")
     return CtrData(
         np.asarray(dense, np.float32).reshape(-1, DENSE_FEATURES),
         np.asarray(sparse, np.int64).reshape(-1, SPARSE_SLOTS),

@@ -108,6 +108,15 @@ def _roles(statuses: List[Dict[str, Any]], run_dir: Path, gone: Dict[int, float]
     }
 
 
+def _shared_refusal(culprits: List[Dict[str, Any]]) -> Optional[UnitrainError]:
+    """The one setting or file every culprit refused, or None."""
+    errors = {s.get("error") for s in culprits}
+    if not culprits or len(errors) != 1 or not all(s["status"] == "failed" and s.get("user_error") for s in culprits):
+        return None
+    kind = Refusal if all(s.get("refusal") for s in culprits) else UnitrainError
+    return kind(errors.pop())
+
+
 def diagnose(
     run_dir: Path,
     launcher: Launcher,
@@ -133,6 +142,11 @@ def diagnose(
         return kind(user_errors.pop())
     roles = _roles(statuses, run_dir, gone or {})
     culprits = roles["culprits"]
+    refused = _shared_refusal(culprits)
+    if refused is not None:
+        # The others only lost the connection to the refusing rank (or were stopped after it),
+        # which the user cannot act on: the refusal is still the whole story.
+        return refused
     if not culprits:
         return WorkerFailedError(
             f"{launcher.module} exited with code {returncode} before any worker reported; its "

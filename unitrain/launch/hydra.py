@@ -95,17 +95,25 @@ def hydra_entry(
 _SCAFFOLDING = (".hydra", ".workers", "worker_config.yaml", "launcher.log", "http.log")
 
 
+def _scaffolding(p: Path) -> bool:
+    """Written by starting a job (Hydra, the launchers, an empty metrics file), not by running it."""
+    return (
+        p.name in _SCAFFOLDING
+        or p.suffix == ".log"
+        or p.name.startswith(
+            ("workerlog.", "serverlog.", "envlog.", "backup_env.")
+        )  # Paddle's launcher writes the last two
+        or (p.name == "metrics.jsonl" and p.stat().st_size == 0)
+    )
+
+
 def discard_refused(run_dir: Path) -> None:
     """A refused job's directory, when it holds nothing but what starting it wrote: a refusal
     leaves nothing behind. (Preflight refuses most values before Hydra writes anything; what
     only a framework can decide is refused after.)"""
     for folder in [run_dir, run_dir.parent] if HydraConfig.get().mode.name == "MULTIRUN" else [run_dir]:
         entries = list(folder.iterdir()) if folder.is_dir() else []
-        ours = [
-            p
-            for p in entries
-            if p.name in _SCAFFOLDING or p.suffix == ".log" or p.name.startswith(("workerlog.", "serverlog."))
-        ]
+        ours = [p for p in entries if _scaffolding(p)]
         if folder == run_dir.parent:
             ours = [p for p in entries if p.name == "multirun.yaml"]  # the sweep's own record
         if len(ours) != len(entries):

@@ -26,7 +26,7 @@ from typing import IO, Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from unitrain.data.criteo import HELD_OUT, CtrData, auc, log_loss, read_tsv, synthetic
-from unitrain.errors import UnitrainError
+from unitrain.errors import ConfigError, UnitrainError
 from unitrain.host import machine
 from unitrain.interface.backend import get_backend
 from unitrain.interface.launch import launch_module
@@ -69,9 +69,7 @@ def _read_rows(cfg, held_out: bool) -> Tuple[CtrData, Optional[CtrData]]:
     if data.num_samples is None:
         rows = read_tsv(data.path, buckets)
         if data.val_samples >= len(rows):
-            raise UnitrainError(
-                f"data.val_samples={data.val_samples} is not allowed: fewer than the {len(rows)} rows of {data.path}"
-            )
+            raise ConfigError("data.val_samples", data.val_samples, f"fewer than the {len(rows)} rows of {data.path}")
         cut = len(rows) - data.val_samples
         return rows.rows(slice(0, cut)), (rows.rows(slice(cut, None)) if held_out and data.val_samples else None)
     train = read_tsv(data.path, buckets, limit=data.num_samples)
@@ -131,14 +129,14 @@ class _Records:
         self._write(record)
 
 
-def _steps_per_epoch(cfg: Any, rows: int, role: Role, shard: int) -> int:
+def _steps_per_epoch(cfg: Any, rows: int, role: Role) -> int:
     """Every trainer takes as many steps as the smallest shard allows: sync mode meets at a
     barrier each step, and a trainer with one more batch would wait there for ever."""
     batch_size, smallest = cfg.trainer.batch_size, rows // role.trainers
     steps = min(smallest // batch_size, cfg.trainer.steps or smallest)
     if steps == 0:
-        raise UnitrainError(
-            f"trainer.batch_size={batch_size} is not allowed: more than the {shard} rows of {role.name}'s shard"
+        raise ConfigError(
+            "trainer.batch_size", batch_size, f"at most {smallest}, the rows of the smallest trainer's shard"
         )
     return steps
 
@@ -149,7 +147,7 @@ def train(cfg: Any, program: PsProgram, role: Role, run_dir: Path, describe: Dic
     rows, held_out = load_data(cfg, held_out=first)
     shard = rows.shard(role.index, role.trainers)
     batch_size, every = cfg.trainer.batch_size, cfg.trainer.eval_every
-    steps_per_epoch = _steps_per_epoch(cfg, len(rows), role, len(shard))
+    steps_per_epoch = _steps_per_epoch(cfg, len(rows), role)
     total = steps_per_epoch * cfg.trainer.epochs
     log.info(
         "%s: %d rows (%.1f%% clicks), %d steps of %d",
