@@ -15,7 +15,7 @@ from unitrain.interface.backend import get_backend
 from unitrain.interface.modules import available_backends
 from unitrain.interface.weights import weights_module
 from unitrain.launch.arguments import OneLineParser
-from unitrain.model.weights import convert
+from unitrain.model.transfer import converted
 from unitrain.train.checkpoint import find_checkpoint, read_meta, read_model_arrays
 
 
@@ -44,8 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise UnitrainError(
                 f"--out={str(out)!r} is not allowed: {why}; allowed: a file path in an existing directory"
             )
-        arrays = convert(read_model_arrays(path), meta["framework"], args.to)
-        get_backend(args.to)  # imports the framework the way unitrain does (and fails clearly if it is missing)
+        # get_backend imports the framework the way unitrain does (and fails clearly if it is missing).
+        arrays = converted(read_model_arrays(path), meta, get_backend(args.to))
         try:
             target.save_native(arrays, out)
         except OSError as err:

@@ -10,7 +10,7 @@ from paddle.nn import functional as F
 
 from unitrain.model.specs import ResNetSpec
 
-__all__ = ["build_resnet"]
+__all__ = ["build_resnet", "linear_weights"]
 
 # (place, dtype, layout) -> whether Paddle's batch_norm op there folds in the biased variance.
 _BIASED_VARIANCE: dict = {}
@@ -186,3 +186,11 @@ class ResNet(nn.Layer):
 
 def build_resnet(spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -> ResNet:
     return ResNet(spec, num_classes, zero_init_residual)
+
+
+def linear_weights(model: nn.Layer) -> list[str]:
+    return [
+        f"{name}.weight" if name else "weight"
+        for name, m in model.named_sublayers(include_self=True)
+        if isinstance(m, nn.Linear)
+    ]

@@ -17,11 +17,19 @@ from typing import Dict
 
 import numpy as np
 
-__all__ = ["NATIVE_SUFFIX", "from_canonical", "save_native", "to_canonical"]
+__all__ = ["LINEAR_IN_OUT", "NATIVE_SUFFIX", "canonical_name", "from_canonical", "save_native", "to_canonical"]
 
 Arrays = Dict[str, np.ndarray]
 NATIVE_SUFFIX = ".pdparams"
+LINEAR_IN_OUT = True  # paddle.nn.Linear's weight is [in, out]
 _PADDLE_TO_TORCH_SUFFIX = {"._mean": ".running_mean", "._variance": ".running_var"}
+
+
+def canonical_name(name: str) -> str:
+    for old, new in _PADDLE_TO_TORCH_SUFFIX.items():
+        if name.endswith(old):
+            return name[: -len(old)] + new
+    return name
 
 
 def _is_linear_weight(name: str, array: np.ndarray) -> bool:

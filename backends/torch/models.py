@@ -7,7 +7,7 @@ from torch import nn
 
 from unitrain.model.specs import ResNetSpec
 
-__all__ = ["build_resnet"]
+__all__ = ["build_resnet", "linear_weights"]
 
 
 def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1) -> tuple[nn.Conv2d, nn.BatchNorm2d]:
@@ -116,3 +116,7 @@ class ResNet(nn.Module):
 
 def build_resnet(spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -> ResNet:
     return ResNet(spec, num_classes, zero_init_residual)
+
+
+def linear_weights(model: nn.Module) -> list[str]:
+    return [f"{name}.weight" if name else "weight" for name, m in model.named_modules() if isinstance(m, nn.Linear)]

@@ -8,10 +8,15 @@ from typing import Dict
 
 import numpy as np
 
-__all__ = ["NATIVE_SUFFIX", "from_canonical", "save_native", "to_canonical"]
+__all__ = ["LINEAR_IN_OUT", "NATIVE_SUFFIX", "canonical_name", "from_canonical", "save_native", "to_canonical"]
 
 Arrays = Dict[str, np.ndarray]
 NATIVE_SUFFIX = ".pt"
+LINEAR_IN_OUT = False  # torch.nn.Linear's weight is [out, in], the canonical layout
+
+
+def canonical_name(name: str) -> str:
+    return name
 
 
 def to_canonical(arrays: Arrays) -> Arrays:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
@@ -195,6 +195,13 @@ class ModelConfig:
     sparse_buckets: int = 100_000
     embedding_dim: int = 8
     hidden_layers: List[int] = field(default_factory=lambda: [400, 400, 400])
+    # model=custom only (docs/models.md): each backend's factory by import path
+    # (pkg.module:function), called as factory(num_classes=, image_size=, **kwargs); and a JSON file
+    # {name: name} pairing the parameters that names, order and shapes cannot.
+    paddle: Optional[str] = None
+    torch: Optional[str] = None
+    kwargs: Any = None  # a mapping: model.kwargs={width:64}
+    mapping: Optional[str] = None
 
 
 @dataclass

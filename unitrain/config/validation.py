@@ -7,6 +7,7 @@ a backend's own limits are its ``validation.py``'s, called last.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from typing import Any, Iterable
@@ -18,6 +19,7 @@ from unitrain.errors import ConfigError
 from unitrain.host.memory import available_mb
 from unitrain.host.threads import available_cores
 from unitrain.interface.validation import validation_module
+from unitrain.model.custom import CUSTOM
 from unitrain.model.specs import MODELS
 
 #: Loader worker processes per core beyond which they only contend.
@@ -197,10 +199,31 @@ def _check_classifier(cfg: Any) -> None:
         )
 
 
+def _check_custom(cfg: Any) -> None:
+    """model=custom: the backend's factory names a module that exists (found, not imported: it
+    imports its framework), and the mapping file exists."""
+    key = f"model.{cfg.backend.name}"
+    path = getattr(cfg.model, cfg.backend.name, None)
+    allowed = f"an import path pkg.module:function that builds the {cfg.backend.name} model (model=custom)"
+    if not path:
+        raise ConfigError(key, path, allowed)
+    module = path.split(":")[0] if ":" in path else path.rpartition(".")[0]
+    try:
+        found = bool(module) and importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError(key, path, f"{allowed}; no module {module!r} on the path")
+    if cfg.model.mapping and not os.path.isfile(cfg.model.mapping):
+        raise ConfigError("model.mapping", cfg.model.mapping, "an existing JSON file of {name: name} pairs")
+
+
 def _check_collective(cfg: Any) -> None:
     """dist.mode=collective: the ResNets on image data."""
-    _one_of("model.name", cfg.model.name, MODELS.names() + list(PS_MODELS))
+    _one_of("model.name", cfg.model.name, MODELS.names() + [CUSTOM] + list(PS_MODELS))
     _check_classifier(cfg)
+    if cfg.model.name == CUSTOM:
+        _check_custom(cfg)
     if cfg.model.name in PS_MODELS:
         raise ConfigError(
             "model",

@@ -28,7 +28,9 @@ from unitrain.host.machine import cpu
 from unitrain.interface.backend import Backend, get_backend
 from unitrain.interface.evaluation import evaluation_module
 from unitrain.interface.export import ExportModule, export_module
-from unitrain.model.weights import Arrays, convert
+from unitrain.model.custom import CustomModel
+from unitrain.model.transfer import checkpoint_model, weights_for
+from unitrain.model.weights import Arrays
 from unitrain.train.checkpoint import checkpoint_run_dir, find_checkpoint, read_meta, read_model_arrays
 
 #: Held-out images the check runs on (dynamic-batch artifacts also at batch 1).
@@ -47,9 +49,10 @@ class Source:
     """The checkpoint: its weights, and its own model's logits (computed once per batch size)."""
 
     framework: str
-    model: str
+    model: "str | CustomModel"
     classes: int
     arrays: Arrays
+    meta: Dict[str, Any]
     _logits: Dict[int, np.ndarray] = field(default_factory=dict)
 
     def reference(self, images: np.ndarray) -> np.ndarray:
@@ -78,7 +81,7 @@ class Target:
     def model(self, source: Source) -> Any:
         """The checkpoint's model in this framework, its weights converted exactly."""
         model = self.backend.build_model(source.model, source.classes)
-        self.backend.load_state_arrays(model, convert(source.arrays, source.framework, self.framework))
+        self.backend.load_state_arrays(model, weights_for(source.arrays, source.meta, self.backend, model))
         return model
 
 
@@ -199,9 +202,10 @@ def export(
     images, _ = artifacts.stack(data, range(CHECK_SAMPLES))
     source = Source(
         framework=meta["framework"],
-        model=meta["model"],
+        model=checkpoint_model(meta),
         classes=artifacts.num_classes(cfg, data),
         arrays=read_model_arrays(path),
+        meta=meta,
     )
     origin = {
         "checkpoint": str(path.resolve()),

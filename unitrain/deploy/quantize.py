@@ -44,7 +44,8 @@ from unitrain.host.atomic import replace_text
 from unitrain.host.machine import cpu
 from unitrain.interface.backend import Backend, get_backend
 from unitrain.interface.quantize import QuantizeModule, Saved, quantize_module
-from unitrain.model.weights import Arrays, convert
+from unitrain.model.transfer import checkpoint_model, weights_for
+from unitrain.model.weights import Arrays
 from unitrain.report.quantize import RESULT, markdown, plot, table
 from unitrain.train.checkpoint import find_checkpoint, read_meta, read_model_arrays
 from unitrain.train.trainer import Trainer
@@ -127,6 +128,10 @@ class Quantization:
     out_dir: Path
 
     @property
+    def classes(self) -> int:
+        return artifacts.num_classes(self.job, artifacts.held_out(self.job, 8)[0])
+
+    @property
     def stem(self) -> str:
         return artifacts.stem(self.framework, None) + f".{self.cfg.method}"
 
@@ -190,7 +195,9 @@ def quantize(cfg: QuantizeConfig, out_dir: Path) -> Dict[str, Any]:
         "cpu": cpu(),
     }
     how = q.settings()
-    weights = convert(read_model_arrays(q.checkpoint), meta["framework"], q.framework)
+    weights = weights_for(
+        read_model_arrays(q.checkpoint), meta, q.backend, q.backend.build_model(checkpoint_model(meta), q.classes)
+    )
     if cfg.method == "qat":
         saved, how["qat"] = quantization_aware_training(q, weights, int8_dir)
     else:
@@ -212,8 +219,7 @@ def quantize(cfg: QuantizeConfig, out_dir: Path) -> Dict[str, Any]:
 
 
 def _post_training(q: Quantization, weights: Arrays, int8_dir: Path) -> Saved:
-    classes = artifacts.num_classes(q.job, artifacts.held_out(q.job, 8)[0])
-    model = q.backend.build_model(q.meta["model"], classes)
+    model = q.backend.build_model(checkpoint_model(q.meta), q.classes)
     q.backend.load_state_arrays(model, weights)
     print(f"{q.cfg.method} quantization in {q.framework} ...", flush=True)
     return q.toolkit.save_quantized(

@@ -19,9 +19,12 @@ import numpy as np
 from unitrain.config.schema import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
 from unitrain.interface import modules
 from unitrain.interface.distributed import DistributedContext
+from unitrain.interface.models import models_module
 from unitrain.interface.precision import MixedPrecision
 from unitrain.interface.profiler import Tracer
+from unitrain.model.custom import CustomModel
 from unitrain.model.initial_weights import shared_init
+from unitrain.model.pairing import shared_initial_state
 from unitrain.model.specs import MODELS, ResNetSpec
 from unitrain.model.weights import from_canonical, to_canonical
 
@@ -59,17 +62,24 @@ class Backend(ABC):
 
     def build_model(
         self,
-        model: str | ResNetSpec,
+        model: str | ResNetSpec | CustomModel,
         num_classes: int,
         device: str | None = None,
         zero_init_residual: bool = True,
         init: str = "framework",
         seed: int = 0,
     ) -> Native:
-        """A ResNet from the shared specs (:data:`unitrain.model.specs.MODELS`), on ``device``.
+        """A ResNet from the shared specs (:data:`unitrain.model.specs.MODELS`), or a user's model
+        from its factory, on ``device``.
 
         ``init="shared"`` loads weights drawn in NumPy from ``seed``: the same on every framework.
         """
+        if isinstance(model, CustomModel):
+            net = model.build(self.name, num_classes)
+            if init == "shared":
+                linear = models_module(self.name).linear_weights(net)
+                self.load_state_arrays(net, shared_initial_state(self.name, self.state_arrays(net), linear, seed))
+            return net.to(device) if device else net
         spec = MODELS.get(model) if isinstance(model, str) else model
         net = self._build_resnet(spec, num_classes, zero_init_residual)
         if init == "shared":

@@ -6,7 +6,7 @@ one across frameworks (:mod:`unitrain.model.weights` converts the few layouts th
 
 from __future__ import annotations
 
-from typing import Any, Protocol, cast
+from typing import Any, List, Protocol, cast
 
 from unitrain.interface import modules
 from unitrain.model.specs import ResNetSpec
@@ -15,6 +15,10 @@ from unitrain.model.specs import ResNetSpec
 class ModelsModule(Protocol):
     def build_resnet(self, spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -> Any:
         """The framework's ResNet for ``spec``, initialised by the framework's own RNG."""
+
+    def linear_weights(self, model: Any) -> List[str]:
+        """The state names of ``model``'s Linear weights (the framework's own layer type): the
+        2-D weights whose layout differs between frameworks, unlike an embedding's."""
 
 
 def models_module(backend: str) -> ModelsModule:

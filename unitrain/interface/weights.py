@@ -20,6 +20,11 @@ Arrays = Dict[str, np.ndarray]
 class WeightsModule(Protocol):
     #: The suffix of the framework's own weights file (``.pt``, ``.pdparams``).
     NATIVE_SUFFIX: str
+    #: Whether the framework stores a Linear weight [in, out] (the canonical layout: [out, in]).
+    LINEAR_IN_OUT: bool
+
+    def canonical_name(self, name: str) -> str:
+        """A parameter's or buffer's name as the canonical layout names it (BatchNorm's statistics)."""
 
     def to_canonical(self, arrays: Arrays) -> Arrays:
         """The framework's state as canonical arrays; every value round-trips bit for bit."""

@@ -45,3 +45,28 @@ def shared_init(
         else:
             raise ValueError(f"no initialiser for {name} {shape}")
     return out
+
+
+def generic_init(shapes: Dict[str, Tuple[int, ...]], seed: int) -> Arrays:
+    """Canonical arrays for any model (a user's pair), each parameter drawn from its own stream,
+    numbered by its place in ``shapes`` (the model's order): the two halves of a pair register
+    their layers in the same order even where they name them differently (a port line by line),
+    so both start from the same weights. 2-D and larger U(-1/sqrt(fan_in), 1/sqrt(fan_in)) as torch's default Linear and convolution
+    (fan_in: all but the first dimension, Linear weights [out, in]); 1-D weights (normalisation
+    scales) 1, biases and running means 0, running variances 1."""
+    out: Arrays = {}
+    for place, (name, shape) in enumerate(shapes.items()):
+        rng = np.random.default_rng((seed, 2, place))
+        if name.endswith("num_batches_tracked"):
+            out[name] = np.array(0, dtype=np.int64)
+        elif name.endswith("running_var"):
+            out[name] = np.ones(shape, np.float32)
+        elif name.endswith(("running_mean", ".bias")) or name == "bias":
+            out[name] = np.zeros(shape, np.float32)
+        elif len(shape) == 1:
+            out[name] = np.ones(shape, np.float32)
+        else:
+            fan_in = max(1, math.prod(shape[1:]))
+            bound = 1.0 / math.sqrt(fan_in)
+            out[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+    return out

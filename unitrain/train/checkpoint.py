@@ -25,7 +25,7 @@ import numpy as np
 
 from unitrain.errors import Refusal, UnitrainError
 from unitrain.interface.optim import optim_module
-from unitrain.model.weights import convert
+from unitrain.model.transfer import weights_for
 
 log = logging.getLogger("unitrain")
 
@@ -70,8 +70,10 @@ def save_checkpoint(
     optimizer,
     precision,
     config: Dict[str, Any],
+    model_record: Optional[Dict[str, Any]] = None,
 ) -> Path:
-    """``arrays``: the model's state (``backend.state_arrays``), already checked to be finite."""
+    """``arrays``: the model's state (``backend.state_arrays``), already checked to be finite;
+    ``model_record``: what converts it later (:func:`unitrain.model.transfer.model_record`)."""
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step{step}", root / f".tmp-step{step}-{os.getpid()}"
     meta = {
@@ -82,6 +84,7 @@ def save_checkpoint(
         "epoch": epoch,
         "time": time.time(),
         "config": config,
+        **(model_record or {}),
     }
     try:
         root.mkdir(parents=True, exist_ok=True)
@@ -248,7 +251,7 @@ def load_checkpoint(path: Path, backend, model_name: str, model, optimizer, prec
     if foreign:
         # unitrain.model.weights converts weights between the frameworks exactly; the optimizer's
         # buffers, the loss scaler and RNG states are in the writer's own format and do not.
-        arrays = convert(arrays, meta["framework"], backend.name)
+        arrays = weights_for(arrays, meta, backend, model)
     try:
         backend.load_state_arrays(model, arrays)
     except UnitrainError as err:

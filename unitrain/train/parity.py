@@ -16,7 +16,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import numpy as np
 
@@ -27,7 +27,11 @@ from unitrain.errors import ConfigError
 from unitrain.host import machine
 from unitrain.host.threads import available_cores, export_threads, resolve_threads
 from unitrain.interface.backend import Backend, get_backend
+from unitrain.interface.models import models_module
 from unitrain.interface.modules import available_backends
+from unitrain.model.custom import CustomModel, model_ref
+from unitrain.model.pairing import convert_pair
+from unitrain.model.transfer import pair_tables
 from unitrain.model.weights import Arrays, to_canonical
 from unitrain.report.parity import plot
 
@@ -64,7 +68,11 @@ def first_divergence(outputs: Outputs, reference: Outputs, tolerance: float) -> 
     """Compare layer outputs in execution order; the first beyond ``tolerance``, and the worst."""
     expected = dict(_numbered(reference))
     compared, first, worst = 0, None, {"layer": None, "rel_diff": 0.0}
-    for name, out in _numbered(outputs):
+    numbered = list(_numbered(outputs))
+    if expected.keys() != {name for name, _ in numbered} and len(numbered) == len(expected):
+        # A user's pair names its layers its own way on each side: pair them in execution order.
+        expected = {name: out for (name, _), (_, out) in zip(numbered, reference)}
+    for name, out in numbered:
         if name not in expected or expected[name].shape != out.shape:
             continue
         rel = _rel(out, expected[name])
@@ -86,6 +94,8 @@ class _Side:
     optimizer: Any
     batches: Iterator
     outputs: Outputs
+    # The state as the comparison names it: canonical, or for a user's pair, the reference's names.
+    canonical: Callable[[Arrays], Arrays]
 
     def step(self, capture: bool, label_smoothing: float) -> Tuple[float, Arrays]:
         """One plain fp32 step; the loss and the state after it, canonical."""
@@ -98,7 +108,7 @@ class _Side:
         loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad()
-        return float(self.backend.to_numpy(loss)), to_canonical(self.name, self.backend.state_arrays(self.model))
+        return float(self.backend.to_numpy(loss)), self.canonical(self.backend.state_arrays(self.model))
 
 
 def _side(name: str, cfg: ParityConfig, dataset: Any, threads: int) -> Tuple[_Side, Dict[str, Any]]:
@@ -108,7 +118,7 @@ def _side(name: str, cfg: ParityConfig, dataset: Any, threads: int) -> Tuple[_Si
     determinism = backend.set_deterministic()
     num_classes = getattr(dataset, "num_classes", cfg.data.num_classes)
     model = backend.build_model(
-        cfg.model.name, num_classes, "cpu", cfg.model.zero_init_residual, "shared", cfg.trainer.seed
+        model_ref(cfg), num_classes, "cpu", cfg.model.zero_init_residual, "shared", cfg.trainer.seed
     )
     seed = cfg.trainer.seed
     sampler = DistributedBatchSampler(
@@ -125,6 +135,7 @@ def _side(name: str, cfg: ParityConfig, dataset: Any, threads: int) -> Tuple[_Si
         optimizer=backend.build_optimizer(model, cfg.optim),
         batches=batches,
         outputs=[],
+        canonical=lambda state: to_canonical(name, state),
     )
     return side, determinism
 
@@ -145,12 +156,29 @@ def validate(cfg: ParityConfig) -> None:
         )
 
 
+def _pair(a: _Side, b: _Side, explicit: Dict[str, str]) -> None:
+    """A user's pair: ``a`` starts from ``b``'s initial weights, and its states are compared in
+    ``b``'s names, both matched parameter by parameter (unitrain.model.pairing)."""
+    b_state = b.backend.state_arrays(b.model)
+    b_linear = models_module(b.name).linear_weights(b.model)
+    source, target, counters = pair_tables(b.name, b_state, b_linear, a.backend, a.model)
+    a.backend.load_state_arrays(a.model, convert_pair(b_state, source, target, explicit, counters))
+    a_state = a.backend.state_arrays(a.model)
+    back_source, back_target, back_counters = pair_tables(
+        a.name, a_state, models_module(a.name).linear_weights(a.model), b.backend, b.model
+    )
+    a.canonical = lambda state: convert_pair(state, back_source, back_target, explicit, back_counters)
+    b.canonical = dict
+
+
 def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
     validate(cfg)
     threads = resolve_threads(cfg.trainer.threads)
     export_threads(threads)
     dataset = build_dataset(cfg.data, default_size=cfg.steps * cfg.trainer.batch_size, seed=cfg.trainer.seed)
     (a, determinism_a), (b, determinism_b) = (_side(name, cfg, dataset, threads) for name in available_backends())
+    if isinstance(model_ref(cfg), CustomModel):
+        _pair(a, b, model_ref(cfg).explicit_mapping())
     records = []
     for step in range(cfg.steps):
         (loss_a, state_a), (loss_b, state_b) = (side.step(step == 0, cfg.optim.label_smoothing) for side in (a, b))

@@ -38,6 +38,8 @@ from unitrain.interface.optim import optim_module
 from unitrain.interface.precision import MixedPrecision
 from unitrain.interface.profiler import Tracer
 from unitrain.interface.speed_settings import SpeedSettings, make_speed_settings
+from unitrain.model.custom import model_ref
+from unitrain.model.transfer import model_record
 from unitrain.train import summary as summaries
 from unitrain.train.checkpoint import (
     checkpoint_run_dir,
@@ -155,6 +157,7 @@ class Trainer:
     ):
         self.cfg, self.backend, self.threads = cfg, backend, threads
         self.run_dir = Path(run_dir)
+        self.model_record: Dict[str, Any] = {}  # what a checkpoint keeps to convert its weights
         # Applied to the freshly built model before the optimizer sees its parameters: how
         # quantization-aware training gives the loop a model with fake quantization inserted.
         self.prepare_model = prepare_model
@@ -269,9 +272,11 @@ class Trainer:
     ) -> Tuple[Native, Native, SpeedSettings]:
         """The model and optimizer, prepared (QAT, speed settings) and decorated for precision."""
         cfg, backend = self.cfg, self.backend
+        ref = model_ref(cfg)
         model = backend.build_model(
-            cfg.model.name, num_classes, dist.device, cfg.model.zero_init_residual, cfg.model.init, cfg.trainer.seed
+            ref, num_classes, dist.device, cfg.model.zero_init_residual, cfg.model.init, cfg.trainer.seed
         )
+        self.model_record = model_record(backend, model, ref, num_classes)
         if self.prepare_model is not None:
             model = self.prepare_model(model)
         speed = make_speed_settings(backend.name, cfg.backend.tuned, dist.device, cfg.backend.tuned_settings)
@@ -459,7 +464,15 @@ class Trainer:
         if job.dist.is_main_process:
             config = self._config()
             path = save_checkpoint(
-                self.run_dir, loop.step, epoch, self.backend, arrays, job.raw_optimizer, job.precision, config
+                self.run_dir,
+                loop.step,
+                epoch,
+                self.backend,
+                arrays,
+                job.raw_optimizer,
+                job.precision,
+                config,
+                self.model_record,
             )
             prune_checkpoints(self.run_dir, self.cfg.trainer.keep_checkpoints)
             log.info("checkpoint: %s", path)

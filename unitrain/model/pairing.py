@@ -1,0 +1,150 @@
+"""Weights between the two halves of a user's model pair, matched parameter by parameter.
+
+A pair written twice (by hand, or by a converter such as PaConvert or X2Paddle) keeps the same
+structure but not always the same names. Each framework's state is first put in the canonical
+layout (its backend's ``weights`` module renames what the framework names its own way, and
+Linear weights become [out, in]; embeddings and convolutions are not transposed). Then:
+
+1. a user's mapping file (``model.mapping``) names the pairs it knows;
+2. the rest match by canonical name, when both sides hold the same names;
+3. otherwise by order and shape: the n-th parameter of one with the n-th of the other, each
+   pair with the same canonical shape.
+
+Anything else stops with one line naming the first parameter that cannot be matched: a silently
+wrong conversion would make every later comparison meaningless.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+from unitrain.errors import UnitrainError
+from unitrain.interface.weights import weights_module
+from unitrain.model.initial_weights import generic_init
+
+Arrays = Dict[str, np.ndarray]
+#: Kept by torch's BatchNorm, with no counterpart elsewhere (unitrain.model.weights).
+_COUNTERS = (".num_batches_tracked",)
+
+
+class PairingError(UnitrainError):
+    """Two parameter lists that cannot be matched one to one."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class Param:
+    name: str  # the framework's own
+    canonical: str  # after its backend's renaming
+    shape: Tuple[int, ...]  # canonical layout
+    transposed: bool  # stored [in, out]: transposed on the way to canonical and back
+
+
+def table(framework: str, shapes: Mapping[str, Tuple[int, ...]], linear: Sequence[str]) -> List[Param]:
+    """``framework``'s state (names and shapes in its order) as canonical parameters; ``linear``:
+    the names of its Linear weights."""
+    weights = weights_module(framework)
+    linear_set = set(linear)
+    out = []
+    for name, shape in shapes.items():
+        transposed = name in linear_set and weights.LINEAR_IN_OUT
+        out.append(
+            Param(
+                name=name,
+                canonical=weights.canonical_name(name),
+                shape=tuple(reversed(shape)) if transposed else tuple(shape),
+                transposed=transposed,
+            )
+        )
+    return [p for p in out if not p.canonical.endswith(_COUNTERS)]
+
+
+def match(source: List[Param], target: List[Param], explicit: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """Target name -> source name, for every target parameter."""
+    explicit = dict(explicit or {})
+    by_name = {p.name: p for p in source}
+    pairs: Dict[str, str] = {}
+    target_names = {p.name for p in target}
+    for a, b in explicit.items():  # either way round: {paddle name: torch name} or the reverse
+        for s_name, t_name in ((a, b), (b, a)):
+            if s_name in by_name and t_name in target_names:
+                pairs[t_name] = s_name
+    rest_s = [p for p in source if p.name not in pairs.values()]
+    rest_t = [p for p in target if p.name not in pairs]
+    if {p.canonical for p in rest_s} == {p.canonical for p in rest_t}:
+        canon = {p.canonical: p for p in rest_s}
+        pairs.update({t.name: canon[t.canonical].name for t in rest_t})
+    else:
+        _by_order(rest_s, rest_t, pairs)
+    _check_shapes(source, target, pairs)
+    return pairs
+
+
+def _by_order(source: List[Param], target: List[Param], pairs: Dict[str, str]) -> None:
+    for i, t in enumerate(target):
+        if i >= len(source):
+            raise PairingError(
+                f"{t.name} {t.shape} has no counterpart: the other model has {len(source)} parameters left to "
+                f"match against {len(target)}; name it in model.mapping (a JSON file {{name: name}})"
+            )
+        if source[i].shape != t.shape:
+            raise PairingError(
+                f"{t.name} {t.shape} cannot be matched: names differ, and the parameter in the same place, "
+                f"{source[i].name}, is {source[i].shape}; name its counterpart in model.mapping (a JSON file "
+                "{name: name})"
+            )
+        pairs[t.name] = source[i].name
+    if len(source) > len(target):
+        extra = source[len(target)]
+        raise PairingError(
+            f"{extra.name} {extra.shape} has no counterpart in the other model ({len(source)} parameters against "
+            f"{len(target)}); name it in model.mapping (a JSON file {{name: name}})"
+        )
+
+
+def _check_shapes(source: List[Param], target: List[Param], pairs: Dict[str, str]) -> None:
+    by_name = {p.name: p for p in source}
+    for t in target:
+        s = by_name[pairs[t.name]]
+        if s.shape != t.shape:
+            raise PairingError(
+                f"{t.name} {t.shape} cannot take {s.name} {s.shape}: the shapes differ in the canonical layout "
+                "(Linear weights [out, in])"
+            )
+
+
+def convert_pair(
+    arrays: Arrays,
+    source: List[Param],
+    target: List[Param],
+    explicit: Optional[Mapping[str, str]] = None,
+    counters: Sequence[str] = (),
+) -> Arrays:
+    """``arrays`` (the source's state) as the target's state; ``counters``: the target's
+    BatchNorm counters, set to 0 (unitrain.model.weights says why that is exact)."""
+    pairs = match(source, target, explicit)
+    by_name = {p.name: p for p in source}
+    out: Arrays = {}
+    for t in target:
+        s = by_name[pairs[t.name]]
+        canonical = arrays[s.name].T if s.transposed else arrays[s.name]
+        out[t.name] = np.ascontiguousarray(canonical.T if t.transposed else canonical)
+    out.update({name: np.array(0, dtype=np.int64) for name in counters})
+    return out
+
+
+def shared_initial_state(framework: str, state: Arrays, linear: Sequence[str], seed: int) -> Arrays:
+    """``model.init=shared`` for a user's model: :func:`generic_init`'s draws, in the framework's
+    own names and layouts (its BatchNorm counters, if any, at 0)."""
+    params = table(framework, {k: tuple(v.shape) for k, v in state.items()}, linear)
+    canonical = generic_init({p.canonical: p.shape for p in params}, seed)
+    out = {
+        p.name: np.ascontiguousarray(canonical[p.canonical].T if p.transposed else canonical[p.canonical])
+        for p in params
+    }
+    out.update({k: np.array(0, dtype=np.int64) for k in state if k not in out})
+    return out

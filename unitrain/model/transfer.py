@@ -1,0 +1,59 @@
+"""A checkpoint's weights for a model built by a backend: exact conversion for the built-in
+models (:mod:`unitrain.model.weights`), parameter matching for a user's pair
+(:mod:`unitrain.model.pairing`). No framework is imported here."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping
+
+import numpy as np
+
+from unitrain.interface.models import models_module
+from unitrain.model.custom import CustomModel, from_record
+from unitrain.model.pairing import convert_pair, table
+from unitrain.model.weights import convert
+
+Arrays = Dict[str, np.ndarray]
+
+
+def checkpoint_model(meta: Mapping[str, Any]) -> "str | CustomModel":
+    """What ``Backend.build_model`` takes to build a checkpoint's model again."""
+    return from_record(meta["custom"]) if meta.get("custom") else meta["model"]
+
+
+def model_record(backend: Any, model: Any, ref: "str | CustomModel", num_classes: int) -> Dict[str, Any]:
+    """What a checkpoint keeps beside its weights to convert them later without this framework:
+    the Linear weights' names, the class count, and a user's pair's factories."""
+    record: Dict[str, Any] = {"linear": models_module(backend.name).linear_weights(model), "num_classes": num_classes}
+    if isinstance(ref, CustomModel):
+        record["custom"] = ref.record()
+    return record
+
+
+def pair_tables(source_framework: str, source: Arrays, source_linear, backend: Any, model: Any):
+    target_state = backend.state_arrays(model)
+    target = table(
+        backend.name,
+        {k: tuple(v.shape) for k, v in target_state.items()},
+        models_module(backend.name).linear_weights(model),
+    )
+    counters = [k for k in target_state if k not in {p.name for p in target}]
+    return table(source_framework, {k: tuple(v.shape) for k, v in source.items()}, source_linear), target, counters
+
+
+def weights_for(arrays: Arrays, meta: Mapping[str, Any], backend: Any, model: Any) -> Arrays:
+    """``arrays``, written by ``meta['framework']``, as ``backend``'s ``model`` loads them."""
+    if meta["framework"] == backend.name:
+        return arrays
+    if not meta.get("custom"):
+        return convert(arrays, meta["framework"], backend.name)
+    source, target, counters = pair_tables(meta["framework"], arrays, meta.get("linear", []), backend, model)
+    return convert_pair(arrays, source, target, from_record(meta["custom"]).explicit_mapping(), counters)
+
+
+def converted(arrays: Arrays, meta: Mapping[str, Any], backend: Any) -> Arrays:
+    """A checkpoint's weights as ``backend``'s (``unitrain.convert``), building its model only
+    where matching needs it (a user's pair)."""
+    if not meta.get("custom") or meta["framework"] == backend.name:
+        return weights_for(arrays, meta, backend, None)
+    return weights_for(arrays, meta, backend, backend.build_model(checkpoint_model(meta), meta["num_classes"]))
