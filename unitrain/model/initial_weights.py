@@ -51,9 +51,10 @@ def generic_init(shapes: Dict[str, Tuple[int, ...]], seed: int) -> Arrays:
     """Canonical arrays for any model (a user's pair), each parameter drawn from its own stream,
     numbered by its place in ``shapes`` (the model's order): the two halves of a pair register
     their layers in the same order even where they name them differently (a port line by line),
-    so both start from the same weights. 2-D and larger U(-1/sqrt(fan_in), 1/sqrt(fan_in)) as torch's default Linear and convolution
-    (fan_in: all but the first dimension, Linear weights [out, in]); 1-D weights (normalisation
-    scales) 1, biases and running means 0, running variances 1."""
+    so both start from the same weights. 2-D and larger: U(-1/sqrt(fan_in), 1/sqrt(fan_in)), as
+    torch's default Linear and convolution (fan_in: all but the first dimension, Linear weights
+    [out, in]); 1-D weights (normalisation scales) 1, biases and running means 0, running
+    variances 1."""
     out: Arrays = {}
     for place, (name, shape) in enumerate(shapes.items()):
         rng = np.random.default_rng((seed, 2, place))
