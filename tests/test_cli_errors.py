@@ -17,7 +17,8 @@ from conftest import BACKENDS, FAST
         (["-m", "backend=paddle,jax"], "backend='jax' is not allowed: one of paddle, torch"),
         (
             ["model=vgg"],
-            "model='vgg' is not allowed: one of resnet18, resnet18_cifar, resnet18_stride2, resnet50, tiny",
+            "model='vgg' is not allowed: one of custom, resnet18, resnet18_cifar, resnet18_stride2, resnet50, tiny, "
+            "vit_small, vit_tiny",
         ),
         (["data=imagefolder"], "data.path=None is not allowed"),
         (

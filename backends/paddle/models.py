@@ -8,9 +8,9 @@ import paddle
 from paddle import nn
 from paddle.nn import functional as F
 
-from unitrain.model.specs import ResNetSpec
+from unitrain.model.specs import ResNetSpec, ViTSpec
 
-__all__ = ["build_resnet", "linear_weights"]
+__all__ = ["build_resnet", "build_vit", "linear_weights"]
 
 # (place, dtype, layout) -> whether Paddle's batch_norm op there folds in the biased variance.
 _BIASED_VARIANCE: dict = {}
@@ -194,3 +194,62 @@ def linear_weights(model: nn.Layer) -> list[str]:
         for name, m in model.named_sublayers(include_self=True)
         if isinstance(m, nn.Linear)
     ]
+
+
+class Attention(nn.Layer):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.softmax = nn.Softmax(axis=-1)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        d = x.shape[-1]
+        # 0 copies the input's dimension: batch and tokens stay free for an export at any batch.
+        qkv = self.qkv(x).reshape([0, 0, 3, self.heads, d // self.heads]).transpose([2, 0, 3, 1, 4])
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        attn = self.softmax(paddle.matmul(q, k, transpose_y=True) * self.scale)
+        return self.proj(paddle.matmul(attn, v).transpose([0, 2, 1, 3]).reshape([0, 0, d]))
+
+
+class Mlp(nn.Layer):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Layer):
+    def __init__(self, dim: int, heads: int, mlp_ratio: int):
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(dim), Attention(dim, heads)
+        self.norm2, self.mlp = nn.LayerNorm(dim), Mlp(dim, dim * mlp_ratio)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class VisionTransformer(nn.Layer):
+    def __init__(self, spec: ViTSpec, num_classes: int):
+        super().__init__()
+        init = nn.initializer.TruncatedNormal(std=0.02)
+        self.cls_token = self.create_parameter([1, 1, spec.dim], default_initializer=init)
+        self.pos_embed = self.create_parameter([1, spec.tokens, spec.dim], default_initializer=init)
+        self.patch_embed = nn.Conv2D(3, spec.dim, spec.patch, stride=spec.patch)
+        self.blocks = nn.Sequential(*(Block(spec.dim, spec.heads, spec.mlp_ratio) for _ in range(spec.depth)))
+        self.norm, self.head = nn.LayerNorm(spec.dim), nn.Linear(spec.dim, num_classes)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        x = self.patch_embed(x).flatten(2).transpose([0, 2, 1])
+        # The class token broadcast over the batch by adding zeros: exact, and any batch size
+        # exports (expand would fix it).
+        cls = self.cls_token + paddle.zeros_like(x[:, :1, :])
+        x = paddle.concat([cls, x], axis=1) + self.pos_embed
+        return self.head(self.norm(self.blocks(x))[:, 0])
+
+
+def build_vit(spec: ViTSpec, num_classes: int) -> VisionTransformer:
+    return VisionTransformer(spec, num_classes)

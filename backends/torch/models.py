@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from unitrain.model.specs import ResNetSpec
+from unitrain.model.specs import ResNetSpec, ViTSpec
 
-__all__ = ["build_resnet", "linear_weights"]
+__all__ = ["build_resnet", "build_vit", "linear_weights"]
 
 
 def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1) -> tuple[nn.Conv2d, nn.BatchNorm2d]:
@@ -120,3 +120,59 @@ def build_resnet(spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -
 
 def linear_weights(model: nn.Module) -> list[str]:
     return [f"{name}.weight" if name else "weight" for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int):
+        super().__init__()
+        self.heads, self.scale = heads, (dim // heads) ** -0.5
+        self.qkv, self.proj = nn.Linear(dim, 3 * dim), nn.Linear(dim, dim)
+        self.softmax = nn.Softmax(dim=-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, d = x.shape
+        qkv = self.qkv(x).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        attn = self.softmax(torch.matmul(q, k.transpose(-2, -1)) * self.scale)
+        return self.proj(torch.matmul(attn, v).transpose(1, 2).reshape(b, n, d))
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim: int, hidden: int):
+        super().__init__()
+        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, mlp_ratio: int):
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(dim), Attention(dim, heads)
+        self.norm2, self.mlp = nn.LayerNorm(dim), Mlp(dim, dim * mlp_ratio)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class VisionTransformer(nn.Module):
+    def __init__(self, spec: ViTSpec, num_classes: int):
+        super().__init__()
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, spec.dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, spec.tokens, spec.dim))
+        self.patch_embed = nn.Conv2d(3, spec.dim, spec.patch, stride=spec.patch)
+        self.blocks = nn.Sequential(*(Block(spec.dim, spec.heads, spec.mlp_ratio) for _ in range(spec.depth)))
+        self.norm, self.head = nn.LayerNorm(spec.dim), nn.Linear(spec.dim, num_classes)
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + self.pos_embed
+        return self.head(self.norm(self.blocks(x))[:, 0])
+
+
+def build_vit(spec: ViTSpec, num_classes: int) -> VisionTransformer:
+    return VisionTransformer(spec, num_classes)

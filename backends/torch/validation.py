@@ -10,7 +10,7 @@ from typing import Any, Set
 from unitrain.config.schema import DistConfig
 from unitrain.errors import ConfigError
 from unitrain.host import machine
-from unitrain.model.specs import MODELS
+from unitrain.model.specs import MODELS, ResNetSpec
 
 log = logging.getLogger("unitrain")
 _warned: Set[str] = set()  # validate() runs before Hydra and again inside it: say it once
@@ -38,9 +38,10 @@ def _warn_of_onednn_bf16_on_one_pixel(cfg: Any) -> None:
     extensions = machine.cpu()["extensions"] or []
     if amp.level == "O0" or amp.dtype != "bfloat16" or "avx512f" not in extensions or isa.startswith(("AVX2", "SSE")):
         return
-    if cfg.model.name not in MODELS or cfg.backend.device not in ("auto", "cpu"):
+    spec = MODELS.get(cfg.model.name) if cfg.model.name in MODELS else None
+    if not isinstance(spec, ResNetSpec) or cfg.backend.device not in ("auto", "cpu"):
         return
-    stem = MODELS.get(cfg.model.name).stem_layers
+    stem = spec.stem_layers
     layer4_input = math.ceil(cfg.data.image_size / (stem.stride * (2 if stem.max_pool else 1)) / 4)
     message = (
         f"data.image_size={cfg.data.image_size} leaves {cfg.model.name}'s layer4 a 1x1 input, on which torch's oneDNN "

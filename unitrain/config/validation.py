@@ -20,7 +20,7 @@ from unitrain.host.memory import available_mb
 from unitrain.host.threads import available_cores
 from unitrain.interface.validation import validation_module
 from unitrain.model.custom import CUSTOM
-from unitrain.model.specs import MODELS
+from unitrain.model.specs import MODELS, ViTSpec
 
 #: Loader worker processes per core beyond which they only contend.
 MAX_WORKERS_PER_CORE = 4
@@ -224,6 +224,11 @@ def _check_collective(cfg: Any) -> None:
     _check_classifier(cfg)
     if cfg.model.name == CUSTOM:
         _check_custom(cfg)
+    spec = MODELS.get(cfg.model.name) if cfg.model.name in MODELS else None
+    if isinstance(spec, ViTSpec) and cfg.data.image_size % spec.patch:
+        raise ConfigError(
+            "data.image_size", cfg.data.image_size, f"a multiple of {cfg.model.name}'s patch size {spec.patch}"
+        )
     if cfg.model.name in PS_MODELS:
         raise ConfigError(
             "model",

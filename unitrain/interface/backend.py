@@ -25,7 +25,7 @@ from unitrain.interface.profiler import Tracer
 from unitrain.model.custom import CustomModel
 from unitrain.model.initial_weights import shared_init
 from unitrain.model.pairing import shared_initial_state
-from unitrain.model.specs import MODELS, ResNetSpec
+from unitrain.model.specs import MODELS, ResNetSpec, ViTSpec
 from unitrain.model.weights import from_canonical, to_canonical
 
 #: A framework's own object (a module, an optimizer, a tensor): the core never looks inside.
@@ -62,31 +62,34 @@ class Backend(ABC):
 
     def build_model(
         self,
-        model: str | ResNetSpec | CustomModel,
+        model: str | ResNetSpec | ViTSpec | CustomModel,
         num_classes: int,
         device: str | None = None,
         zero_init_residual: bool = True,
         init: str = "framework",
         seed: int = 0,
     ) -> Native:
-        """A ResNet from the shared specs (:data:`unitrain.model.specs.MODELS`), or a user's model
-        from its factory, on ``device``.
+        """A model from the shared specs (:data:`unitrain.model.specs.MODELS`: ResNets, ViTs), or a
+        user's model from its factory, on ``device``.
 
         ``init="shared"`` loads weights drawn in NumPy from ``seed``: the same on every framework.
         """
-        if isinstance(model, CustomModel):
-            net = model.build(self.name, num_classes)
+        spec = MODELS.get(model) if isinstance(model, str) else model
+        if isinstance(spec, ResNetSpec):
+            net = self._build_resnet(spec, num_classes, zero_init_residual)
+            if init == "shared":
+                canonical = to_canonical(self.name, self.state_arrays(net))
+                shapes = {name: tuple(array.shape) for name, array in canonical.items()}
+                initial = shared_init(shapes, spec, seed, zero_init_residual)
+                self.load_state_arrays(net, from_canonical(self.name, initial))
+        else:
+            if isinstance(spec, ViTSpec):
+                net = models_module(self.name).build_vit(spec, num_classes)
+            else:
+                net = spec.build(self.name, num_classes)
             if init == "shared":
                 linear = models_module(self.name).linear_weights(net)
                 self.load_state_arrays(net, shared_initial_state(self.name, self.state_arrays(net), linear, seed))
-            return net.to(device) if device else net
-        spec = MODELS.get(model) if isinstance(model, str) else model
-        net = self._build_resnet(spec, num_classes, zero_init_residual)
-        if init == "shared":
-            canonical = to_canonical(self.name, self.state_arrays(net))
-            shapes = {name: tuple(array.shape) for name, array in canonical.items()}
-            initial = shared_init(shapes, spec, seed, zero_init_residual)
-            self.load_state_arrays(net, from_canonical(self.name, initial))
         # Both frameworks' layers have .to(device) returning the layer itself.
         return net.to(device) if device else net
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 from typing import Any, List, Protocol, cast
 
 from unitrain.interface import modules
-from unitrain.model.specs import ResNetSpec
+from unitrain.model.specs import ResNetSpec, ViTSpec
 
 
 class ModelsModule(Protocol):
     def build_resnet(self, spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -> Any:
         """The framework's ResNet for ``spec``, initialised by the framework's own RNG."""
+
+    def build_vit(self, spec: ViTSpec, num_classes: int) -> Any:
+        """The framework's Vision Transformer for ``spec``, initialised by the framework's own RNG."""
 
     def linear_weights(self, model: Any) -> List[str]:
         """The state names of ``model``'s Linear weights (the framework's own layer type): the

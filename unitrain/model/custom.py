@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
@@ -20,6 +20,7 @@ from hydra.utils import get_method
 
 from unitrain.errors import ConfigError
 from unitrain.interface.modules import available_backends
+from unitrain.model.specs import MODELS, ViTSpec
 
 #: ``model.name`` of a user's pair.
 CUSTOM = "custom"
@@ -102,11 +103,18 @@ def custom_model(model_cfg: Any, image_size: int) -> CustomModel:
     )
 
 
-def model_ref(cfg: Any) -> "str | CustomModel":
-    """What ``Backend.build_model`` takes for a job's config: a built-in model's name, or the pair."""
+def sized(name: str, image_size: int) -> "str | ViTSpec":
+    """A built-in model's name, or its spec where it depends on the image size (a ViT's position
+    embeddings)."""
+    spec = MODELS.get(name) if name in MODELS else None
+    return replace(spec, image_size=image_size) if isinstance(spec, ViTSpec) else name
+
+
+def model_ref(cfg: Any) -> "str | ViTSpec | CustomModel":
+    """What ``Backend.build_model`` takes for a job's config: a built-in model, or the pair."""
     if cfg.model.name == CUSTOM:
         return custom_model(cfg.model, cfg.data.image_size)
-    return cfg.model.name
+    return sized(cfg.model.name, cfg.data.image_size)
 
 
 def from_record(record: Mapping[str, Any]) -> CustomModel:

@@ -1,13 +1,14 @@
-"""Framework-neutral ResNet specifications.
+"""Framework-neutral model specifications: the ResNets and the Vision Transformers.
 
-Both backends build their networks from these specs, so "resnet50" is the same architecture
-(layer order, widths, strides, parameter count) on Paddle and on PyTorch by construction.
+Both backends build their networks from these specs, so "resnet50" or "vit_small" is the same
+architecture (layer order, widths, parameter names and count) on Paddle and on PyTorch by
+construction.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Tuple, Union
 
 from unitrain.registry import Registry
 
@@ -59,10 +60,40 @@ class ResNetSpec:
         return self.stage_widths()[-1] * self.expansion
 
 
-MODELS: Registry[ResNetSpec] = Registry("model")
+@dataclass(frozen=True)
+class ViTSpec:
+    """A Vision Transformer (Dosovitskiy et al.): patches embedded by a strided convolution, a
+    class token and learned position embeddings, ``depth`` pre-norm blocks of multi-head
+    self-attention and a GELU MLP, a final LayerNorm and a Linear head on the class token.
+    Attention is written out (qkv Linear, softmax of scaled dot products, proj Linear) on both
+    frameworks, so that AMP's lists and the quantizers see the same operators."""
+
+    patch: int
+    dim: int
+    depth: int
+    heads: int
+    mlp_ratio: int = 4
+    # The position embeddings depend on it: the data's image size, set when a job builds the model.
+    image_size: int = 32
+
+    @property
+    def feature_dim(self) -> int:
+        return self.dim
+
+    @property
+    def tokens(self) -> int:
+        """Patches, plus the class token."""
+        return (self.image_size // self.patch) ** 2 + 1
+
+
+ModelSpec = Union[ResNetSpec, ViTSpec]
+MODELS: Registry[ModelSpec] = Registry("model")
 MODELS.register("resnet50", ResNetSpec("bottleneck", (3, 4, 6, 3)))
 MODELS.register("resnet18", ResNetSpec("basic", (2, 2, 2, 2)))
 MODELS.register("resnet18_cifar", ResNetSpec("basic", (2, 2, 2, 2), stem="cifar"))
 MODELS.register("resnet18_stride2", ResNetSpec("basic", (2, 2, 2, 2), stem="stride2"))
 # Small enough that a few CPU steps take well under a second: for tests and smoke runs.
 MODELS.register("tiny", ResNetSpec("basic", (1, 1, 1, 1), width=8))
+# Patch size 4 suits 32x32 images (64 patches; 28x28 Fashion-MNIST: 49). vit_tiny is for tests.
+MODELS.register("vit_tiny", ViTSpec(patch=4, dim=32, depth=2, heads=2, mlp_ratio=2))
+MODELS.register("vit_small", ViTSpec(patch=4, dim=192, depth=6, heads=3))

@@ -9,16 +9,19 @@ from typing import Any, Dict, Mapping
 import numpy as np
 
 from unitrain.interface.models import models_module
-from unitrain.model.custom import CustomModel, from_record
+from unitrain.model.custom import CustomModel, from_record, sized
 from unitrain.model.pairing import convert_pair, table
+from unitrain.model.specs import ViTSpec
 from unitrain.model.weights import convert
 
 Arrays = Dict[str, np.ndarray]
 
 
-def checkpoint_model(meta: Mapping[str, Any]) -> "str | CustomModel":
+def checkpoint_model(meta: Mapping[str, Any]) -> "str | ViTSpec | CustomModel":
     """What ``Backend.build_model`` takes to build a checkpoint's model again."""
-    return from_record(meta["custom"]) if meta.get("custom") else meta["model"]
+    if meta.get("custom"):
+        return from_record(meta["custom"])
+    return sized(meta["model"], int(meta.get("config", {}).get("data", {}).get("image_size", 32)))
 
 
 def model_record(backend: Any, model: Any, ref: "str | CustomModel", num_classes: int) -> Dict[str, Any]:
