@@ -81,3 +81,22 @@ def test_an_image_size_the_patches_do_not_divide_is_refused(tmp_path):
     assert result.stderr.strip() == (
         "unitrain: error: data.image_size=30 is not allowed: a multiple of vit_tiny's patch size 4"
     ), result.stderr[-2000:]
+
+
+def test_a_vit_quantizes_in_paddle_and_onnx_runtime(trained):
+    # Attention's activation-by-activation matmuls and GELU go through Paddle's legacy program
+    # and ONNX Runtime's pre-processing, which the ResNets never asked of them.
+    run = trained["torch"].run_dir
+    done = subprocess.run(
+        [sys.executable, "-m", "unitrain.quantize", str(run), "method=static", "backend=paddle", "pairs=2"]
+        + ["min_time_s=0.1", "min_iters=2", "eval_samples=32", "batches=[8]", f"hydra.run.dir={run.parent / 'q'}"],
+        cwd=run.parent,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((run.parent / "q" / "quantize.json").read_text())
+    int8 = {r["runtime"]: r for r in result["rows"] if r["precision"] == "static"}
+    assert "onnxruntime" in int8 and any("int8" in r["runtime"] for r in int8.values()), list(int8)
+    assert all(r["effective"].startswith("int8") or "simulated" in r["effective"] for r in int8.values())

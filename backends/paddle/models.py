@@ -208,14 +208,24 @@ class Attention(nn.Layer):
         # 0 copies the input's dimension: batch and tokens stay free for an export at any batch.
         qkv = self.qkv(x).reshape([0, 0, 3, self.heads, d // self.heads]).transpose([2, 0, 3, 1, 4])
         q, k, v = qkv[0], qkv[1], qkv[2]
-        attn = self.softmax(paddle.matmul(q, k, transpose_y=True) * self.scale)
-        return self.proj(paddle.matmul(attn, v).transpose([0, 2, 1, 3]).reshape([0, 0, d]))
+        # The @ operator, not paddle.matmul: the legacy program that Paddle's quantized models are
+        # saved in (backends/paddle/quantize.py) takes only the operator between two activations.
+        attn = self.softmax((q @ k.transpose([0, 1, 3, 2])) * self.scale)
+        return self.proj((attn @ v).transpose([0, 2, 1, 3]).reshape([0, 0, d]))
+
+
+class Gelu(nn.Layer):
+    """The exact GELU, x * Phi(x), through erf: Paddle's own gelu (and tanh) cannot be traced into
+    the legacy program its quantized models are saved in, erf can."""
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return x * 0.5 * (1.0 + paddle.erf(x * 0.7071067811865476))
 
 
 class Mlp(nn.Layer):
     def __init__(self, dim: int, hidden: int):
         super().__init__()
-        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim)
+        self.fc1, self.act, self.fc2 = nn.Linear(dim, hidden), Gelu(), nn.Linear(hidden, dim)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         return self.fc2(self.act(self.fc1(x)))

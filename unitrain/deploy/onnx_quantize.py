@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -26,6 +26,15 @@ def _quiet() -> Iterator[None]:
     finally:
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
+
+
+def _pre_process(quant_pre_process: Callable[..., None], source: Path, prepared: Path) -> None:
+    """ONNX Runtime's symbolic shape inference, or ONNX's own where it stops short (paddle2onnx's
+    reshapes that copy a dimension, as in a Vision Transformer's attention)."""
+    try:
+        quant_pre_process(str(source), str(prepared))
+    except Exception:  # noqa: BLE001 - it raises a bare Exception("Incomplete symbolic shape inference")
+        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
 
 
 def quantize_onnx(
@@ -58,7 +67,7 @@ def quantize_onnx(
     prepared = target.with_name(target.stem + ".pre.onnx")
     try:
         with _quiet():
-            quant_pre_process(str(source), str(prepared))
+            _pre_process(quant_pre_process, source, prepared)
             weights = {"per_channel": per_channel, "reduce_range": reduce_range, "weight_type": QuantType.QInt8}
             if method == "dynamic":
                 quantize_dynamic(str(prepared), str(target), **weights)
