@@ -217,3 +217,31 @@ def test_apex_without_apex_fails_at_start(unitrain_cli):
         and "amp.impl=native" in line
     )
     assert not (result.run_dir / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    "lists,expected",
+    [
+        # torch's own CPU autocast keeps LayerNorm in fp32; unitrain's default black list softmax;
+        # GELU follows its input.
+        ({}, {"qkv": "bfloat16", "softmax": "float32", "norm1": "float32", "act": "bfloat16", "head": "bfloat16"}),
+        ({"custom_black_list": ["gelu"]}, {"act": "float32", "fc2": "bfloat16"}),
+        ({"custom_white_list": ["softmax", "layer_norm"]}, {"softmax": "bfloat16", "norm1": "bfloat16"}),
+    ],
+)
+def test_o1_lists_around_a_transformers_softmax_layernorm_and_gelu(lists, expected):
+    from unitrain.model.custom import sized
+
+    backend = torch_backend
+    model = backend.build_model(sized("vit_tiny", 16), 10, init="shared")
+    precision = backend.precision(AmpConfig(level="O1", dtype="bfloat16", **lists))
+    model, _ = precision.decorate(model, backend.build_optimizer(model))
+    seen = {}
+    for name, module in model.named_modules():
+        if not list(module.children()):
+            short = name.split(".")[-1]
+            # A hook that returns something replaces the output: update() returns None.
+            module.register_forward_hook(lambda m, i, out, short=short: seen.update({short: str(out.dtype)[6:]}))
+    with precision.autocast():
+        model(torch.zeros(2, 3, 16, 16))
+    assert {k: seen[k] for k in expected} == expected

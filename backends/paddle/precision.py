@@ -29,6 +29,8 @@ OPS = {
     "max_pool2d": ["pool2d"],
     "adaptive_avg_pool2d": ["pool2d"],
     "softmax": ["softmax"],
+    "layer_norm": ["layer_norm"],
+    "gelu": ["gelu", "erf"],  # unitrain's ViT computes its GELU through erf (backends/paddle/models.py)
 }
 LOW = {"float16": paddle.float16, "bfloat16": paddle.bfloat16}
 

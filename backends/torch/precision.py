@@ -35,6 +35,8 @@ MODULES: Dict[str, Tuple[type, ...]] = {
     "max_pool2d": (nn.MaxPool2d,),
     "adaptive_avg_pool2d": (nn.AdaptiveAvgPool2d,),
     "softmax": (nn.Softmax, nn.LogSoftmax),
+    "layer_norm": (nn.LayerNorm,),
+    "gelu": (nn.GELU,),
 }
 NORM_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 

@@ -17,7 +17,17 @@ from unitrain.interface import modules
 
 # Op names for amp.custom_white_list / amp.custom_black_list, the same on both backends
 # (each maps them to its own: paddle op types, torch module classes).
-OP_NAMES = ("conv2d", "linear", "batch_norm", "relu", "max_pool2d", "adaptive_avg_pool2d", "softmax")
+OP_NAMES = (
+    "conv2d",
+    "linear",
+    "batch_norm",
+    "relu",
+    "max_pool2d",
+    "adaptive_avg_pool2d",
+    "softmax",
+    "layer_norm",
+    "gelu",
+)
 # O1's defaults, Paddle's semantics: matmul-like ops in low precision, softmax in fp32. The loss
 # is computed in fp32 at every level (the backends' loss() upcasts the logits).
 DEFAULT_WHITE_LIST = frozenset({"conv2d", "linear"})
