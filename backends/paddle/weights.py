@@ -33,7 +33,8 @@ def canonical_name(name: str) -> str:
 
 
 def _is_linear_weight(name: str, array: np.ndarray) -> bool:
-    # In the ResNets, 2-D weights are exactly the Linear ones (conv weights are 4-D).
+    # In the built-in models (ResNets, ViTs), 2-D weights are exactly the Linear ones (convolutions are
+    # 4-D, the ViT's tokens 3-D); a user's pair records its Linear weights (unitrain.model.pairing).
     return name.endswith(".weight") and array.ndim == 2
 
 
