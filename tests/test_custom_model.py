@@ -235,3 +235,21 @@ def test_the_pair_trains_data_parallel_with_amp(backend, tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     summary = result.summary()
     assert summary["world_size"] == 2 and len(result.metrics()) == 3
+
+
+def test_the_library_builds_a_pair_with_the_same_initial_weights(monkeypatch):
+    import unitrain
+
+    monkeypatch.syspath_prepend(str(EXAMPLE.parent))
+    pair = unitrain.CustomModel(
+        factories={"torch": "my_nets.torch_net:build", "paddle": "my_nets.paddle_net:build"},
+        kwargs={"width": 8},
+        image_size=16,
+    )
+    states = {}
+    for name in BACKENDS:
+        backend = unitrain.get_backend(name)
+        states[name] = backend.state_arrays(backend.build_model(pair, num_classes=10, init="shared", seed=5))
+    # Same draws in the same order: the torch fc1 weight is the transpose of Paddle's hidden weight.
+    assert np.array_equal(states["torch"]["fc1.weight"], states["paddle"]["hidden.weight"].T)
+    assert np.array_equal(states["torch"]["conv1.weight"], states["paddle"]["stem.weight"])

@@ -11,6 +11,7 @@ from unitrain.interface.backend import Backend, get_backend
 from unitrain.interface.distributed import DistributedContext
 from unitrain.interface.modules import available_backends
 from unitrain.interface.precision import MixedPrecision
+from unitrain.model.custom import CustomModel
 from unitrain.train.step_timer import Profiler
 
 __version__ = "0.1.0"
@@ -20,6 +21,7 @@ __all__ = [
     "Backend",
     "BackendUnavailableError",
     "ConfigError",
+    "CustomModel",
     "DataConfig",
     "DistConfig",
     "DistributedBatchSampler",
