@@ -88,6 +88,30 @@ def _wait_for_servers(endpoints) -> None:
                 time.sleep(0.2)
 
 
+#: Tries of trainer 0's first push of the dense parameters, a second apart.
+FIRST_PUSH_TRIES = 10
+
+
+def _retry_first_push(runtime: Any) -> None:
+    """Trainer 0's init_worker pushes the initial dense parameters once; a server that listens
+    but has not yet set up its tables answers "push dense param failed, status[-1]" and the job
+    dies (about one Paddle job in sixteen on 2 cores). The push only sets the tables' initial
+    values, so it is safe to repeat: retry it for a while before giving up."""
+    push = runtime._init_all_params
+
+    def retried(*args: Any) -> Any:
+        for attempt in range(FIRST_PUSH_TRIES):
+            try:
+                return push(*args)
+            except ValueError as err:
+                if "push dense param failed" not in str(err) or attempt == FIRST_PUSH_TRIES - 1:
+                    raise
+                time.sleep(1.0)
+        return None
+
+    runtime._init_all_params = retried
+
+
 class PaddlePs(PsProgram):
     def __init__(self, cfg, role: Role):
         paddle.enable_static()
@@ -148,6 +172,7 @@ class PaddlePs(PsProgram):
             return
         fleet = self.fleet
         _wait_for_servers(fleet.server_endpoints())
+        _retry_first_push(fleet.fleet._runtime_handle)
         fleet.init_worker()
         if self.sync in ("sync", "async"):
             from paddle.distributed.ps.utils.public import get_the_one_recv_context
