@@ -41,11 +41,9 @@ def _is_linear_weight(name: str, array: np.ndarray) -> bool:
 def to_canonical(arrays: Arrays) -> Arrays:
     out: Arrays = {}
     for name, array in arrays.items():
-        for old, new in _PADDLE_TO_TORCH_SUFFIX.items():
-            if name.endswith(old):
-                name = name[: -len(old)] + new
-                if new == ".running_var":
-                    out[name[: -len(new)] + ".num_batches_tracked"] = np.array(0, dtype=np.int64)
+        name = canonical_name(name)
+        if name.endswith(".running_var"):
+            out[name[: -len(".running_var")] + ".num_batches_tracked"] = np.array(0, dtype=np.int64)
         out[name] = np.ascontiguousarray(array.T) if _is_linear_weight(name, array) else array
     return out
 

@@ -108,12 +108,12 @@ def _roles(statuses: List[Dict[str, Any]], run_dir: Path, gone: Dict[int, float]
     }
 
 
-def _shared_refusal(culprits: List[Dict[str, Any]]) -> Optional[UnitrainError]:
-    """The one setting or file every culprit refused, or None."""
-    errors = {s.get("error") for s in culprits}
-    if not culprits or len(errors) != 1 or not all(s["status"] == "failed" and s.get("user_error") for s in culprits):
+def _shared_refusal(processes: List[Dict[str, Any]]) -> Optional[UnitrainError]:
+    """The one setting or file every one of ``processes`` refused, or None."""
+    errors = {s.get("error") for s in processes}
+    if not processes or len(errors) != 1 or not all(s["status"] == "failed" and s.get("user_error") for s in processes):
         return None
-    kind = Refusal if all(s.get("refusal") for s in culprits) else UnitrainError
+    kind = Refusal if all(s.get("refusal") for s in processes) else UnitrainError
     return kind(errors.pop())
 
 
@@ -132,14 +132,13 @@ def diagnose(
         known = launcher.known_failure(dist, _read(run_dir / "launcher.log"), worker_logs, bool(statuses))
         if known is not None:
             return known
-    failed = sorted((s for s in statuses if s["status"] == "failed"), key=lambda s: s["time"])
-    user_errors = {s["error"] for s in failed if s.get("user_error")}
+    failed = [s for s in statuses if s["status"] == "failed"]
     # Every process that failed refused the same setting or file, and the others were stopped
     # after it (or had finished): the refusal is the whole story.
     others_stopped = all(s["status"] in ("terminated", "done") for s in statuses if s["status"] != "failed")
-    if len(user_errors) == 1 and all(s.get("user_error") for s in failed) and others_stopped:
-        kind = Refusal if all(s.get("refusal") for s in failed) else UnitrainError
-        return kind(user_errors.pop())
+    refused = _shared_refusal(failed) if others_stopped else None
+    if refused is not None:
+        return refused
     roles = _roles(statuses, run_dir, gone or {})
     culprits = roles["culprits"]
     refused = _shared_refusal(culprits)

@@ -94,10 +94,9 @@ def _resolve(key: str, path: str) -> Any:
 def custom_model(model_cfg: Any, image_size: int) -> CustomModel:
     """The pair a ``model`` config group names."""
     factories = {name: getattr(model_cfg, name, None) for name in available_backends()}
-    kwargs = dict(model_cfg.get("kwargs") or {}) if hasattr(model_cfg, "get") else dict(model_cfg.kwargs or {})
     return CustomModel(
         factories={k: v for k, v in factories.items() if v},
-        kwargs=kwargs,
+        kwargs=dict(model_cfg.kwargs or {}),
         mapping=model_cfg.mapping,
         image_size=image_size,
     )
