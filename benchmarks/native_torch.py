@@ -2,9 +2,10 @@
 
 It shares nothing with unitrain but the dataset definition. The ResNet is torchvision's, written
 out here (torchvision cannot be installed beside torch 2.13): in-place ReLU, one ReLU module per
-block, the stride on the 3x3 conv (v1.5), torchvision's default init. A test checks once that its
-parameter names, shapes and FLOPs are unitrain's, so that a difference in step time is a cost
-unitrain adds, not a different network.
+block, the stride on the 3x3 conv (v1.5), torchvision's default init. The ViT is timm's written
+out, attention unfused (``q @ k``, softmax, ``@ v``: timm's path when fused attention is off).
+A test checks once that their parameter shapes and FLOPs are unitrain's, so that a difference in
+step time is a cost unitrain adds, not a different network.
 """
 
 from __future__ import annotations
@@ -105,10 +106,78 @@ class ResNet(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
+class Attention(nn.Module):
+    def __init__(self, dim, num_heads):
+        super().__init__()
+        self.num_heads = num_heads
+        self.scale = (dim // num_heads) ** -0.5
+        self.qkv = nn.Linear(dim, dim * 3)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, C // self.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        attn = (q @ k.transpose(-2, -1)) * self.scale
+        attn = attn.softmax(dim=-1)
+        x = (attn @ v).transpose(1, 2).reshape(B, N, C)
+        return self.proj(x)
+
+
+class Mlp(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(hidden, dim)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, dim, num_heads, mlp_ratio):
+        super().__init__()
+        self.norm1 = nn.LayerNorm(dim)
+        self.attn = Attention(dim, num_heads)
+        self.norm2 = nn.LayerNorm(dim)
+        self.mlp = Mlp(dim, dim * mlp_ratio)
+
+    def forward(self, x):
+        x = x + self.attn(self.norm1(x))
+        x = x + self.mlp(self.norm2(x))
+        return x
+
+
+class VisionTransformer(nn.Module):
+    def __init__(self, img_size, patch_size, embed_dim, depth, num_heads, mlp_ratio, num_classes):
+        super().__init__()
+        num_patches = (img_size // patch_size) ** 2
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, embed_dim))
+        self.patch_embed = nn.Conv2d(3, embed_dim, patch_size, stride=patch_size)
+        self.blocks = nn.Sequential(*[Block(embed_dim, num_heads, mlp_ratio) for _ in range(depth)])
+        self.norm = nn.LayerNorm(embed_dim)
+        self.head = nn.Linear(embed_dim, num_classes)
+        nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+
+    def forward(self, x):
+        x = self.patch_embed(x).flatten(2).transpose(1, 2)
+        x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        x = x + self.pos_embed
+        x = self.norm(self.blocks(x))
+        return self.head(x[:, 0])
+
+
 ARCHS = {"resnet18": (BasicBlock, [2, 2, 2, 2]), "resnet50": (Bottleneck, [3, 4, 6, 3])}
+# (patch_size, embed_dim, depth, num_heads, mlp_ratio)
+VITS = {"vit_tiny": (4, 32, 2, 2, 2), "vit_small": (4, 192, 6, 3, 4)}
 
 
-def build(name: str, num_classes: int) -> ResNet:
+def build(name: str, num_classes: int, image_size: int = 32) -> nn.Module:
+    if name in VITS:
+        return VisionTransformer(image_size, *VITS[name], num_classes)
     block, layers = ARCHS[name]
     return ResNet(block, layers, num_classes)
 
@@ -124,7 +193,7 @@ def main() -> None:
     if world > 1:
         dist.init_process_group("gloo")
     torch.manual_seed(0)
-    model = build(args.model, args.num_classes)
+    model = build(args.model, args.num_classes, args.image_size)
     if world > 1:
         model = DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, weight_decay=1e-4)

@@ -1,8 +1,9 @@
 """The benchmark's hand-written baselines train the same network as unitrain, built without it.
 
-Their models are their own (torch: a torchvision ResNet written out in the script; Paddle:
-paddle.vision.models) so that the overhead benchmark can see a cost living in unitrain's
-models; this checks once that they are still the same network: parameter names, shapes, FLOPs.
+Their models are their own (torch: a torchvision ResNet and a timm-style ViT written out in the
+script; Paddle: paddle.vision.models and a PaddleClas-style ViT) so that the overhead benchmark
+can see a cost living in unitrain's models; this checks once that they are still the same
+network: parameter names, shapes, FLOPs.
 """
 
 from __future__ import annotations
@@ -16,7 +17,19 @@ import pytest
 from unitrain.model.specs import MODELS
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-SIZES = [("resnet18", 32), ("resnet50", 64)]
+SIZES = [("resnet18", 32), ("resnet50", 64), ("vit_tiny", 32), ("vit_small", 32)]
+
+
+def load(framework: str):
+    spec = importlib.util.spec_from_file_location(f"native_{framework}", BENCHMARKS / f"native_{framework}.py")
+    native = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(native)
+    return native
+
+
+def unitrains(models, name: str):
+    spec = MODELS.get(name)
+    return models.build_vit(spec, 10) if name.startswith("vit") else models.ResNet(spec, 10)
 
 
 def unitrain_imports(script: Path) -> set:
@@ -39,12 +52,9 @@ def test_torch_baseline_is_unitrains_network(name, size):
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from backends.torch.models import ResNet
+    from backends.torch import models
 
-    spec = importlib.util.spec_from_file_location("native_torch", BENCHMARKS / "native_torch.py")
-    native = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(native)
-    ours, theirs = ResNet(MODELS.get(name), 10), native.build(name, 10)
+    ours, theirs = unitrains(models, name), load("torch").build(name, 10, size)
     assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
 
     def flops(model):
@@ -59,11 +69,10 @@ def test_torch_baseline_is_unitrains_network(name, size):
 @pytest.mark.parametrize("name,size", SIZES)
 def test_paddle_baseline_is_unitrains_network(name, size):
     import paddle
-    from paddle.vision import models
 
-    from backends.paddle.models import ResNet
+    from backends.paddle import models
 
-    ours, theirs = ResNet(MODELS.get(name), 10), getattr(models, name)(num_classes=10)
+    ours, theirs = unitrains(models, name), load("paddle").build(name, 10, size)
     assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
 
     def flops(model):

@@ -4,6 +4,10 @@ is the median with its 95% interval (the suite never asserts a timing, only the 
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+import time
 from typing import List
 
 import numpy as np
@@ -11,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from unitrain.deploy.pairs import interleave
+from unitrain.host import contention
 from unitrain.interface.infer import Runtime
 from unitrain.report.intervals import median_ci, ratio_summary, ratio_text
 
@@ -48,3 +53,34 @@ def test_the_interval_holds_the_median(ratios):
     summary = ratio_summary(ratios)
     assert summary["pairs"] == len(ratios) and summary["wide"] == (high - low > 0.25 * median)
     assert ratio_text(summary).startswith(f"{median:.2f}x [{low:.2f}, {high:.2f}]")
+
+
+def test_other_work_on_the_machine_is_measured_and_flagged():
+    """Two spinning processes at the default priority beside this one: the CPU they took is
+    counted (this process's own is not), and a 2-thread timing on this machine is flagged busy."""
+    spin = [sys.executable, "-c", "import time\nend = time.time() + 30\nwhile time.time() < end: pass"]
+    hogs = [subprocess.Popen(spin) for _ in range(2)]
+    try:
+        time.sleep(0.3)
+        start = contention.sample()
+        time.sleep(1.0)
+        others = contention.other_cpus(start, contention.sample())
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    cpus = os.cpu_count()
+    assert others is not None and others > min(2, cpus) - 0.5
+    assert contention.busy(others, cpus, threads=cpus) and not contention.busy(0.0, cpus, threads=cpus)
+
+
+def test_the_timing_process_runs_at_the_raised_priority_where_allowed():
+    allowed = os.geteuid() == 0
+    child = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"],
+        preexec_fn=contention.raise_priority,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert int(child.stdout) == (contention.PRIORITY if allowed else os.getpriority(os.PRIO_PROCESS, 0))

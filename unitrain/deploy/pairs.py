@@ -3,12 +3,15 @@
 Timing each artifact alone, minutes apart, lets whatever else the machine does in between decide
 the ratio. Here both run in one process on the same input, in blocks that alternate (reference
 then candidate, then the other way round), and each pair of blocks gives one ratio; the median
-over the pairs and its 95% interval (:mod:`unitrain.report.intervals`) are the claim.
+over the pairs and its 95% interval (:mod:`unitrain.report.intervals`) are the claim. The process
+runs at a raised priority where the system allows, and records the CPU other work took meanwhile
+(:mod:`unitrain.host.contention`): a ratio timed on a busy machine is flagged so.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -19,6 +22,8 @@ from typing import Any, Dict, List
 
 from unitrain.deploy import artifacts
 from unitrain.deploy.runtimes import runtimes_for, thread_env
+from unitrain.host import contention
+from unitrain.host.machine import cpu
 from unitrain.host.processes import die_with_parent
 from unitrain.interface.infer import Runtime
 from unitrain.report.intervals import ratio_summary
@@ -87,9 +92,18 @@ def pair_worker(spec_file: str) -> int:
     images, _ = artifacts.stack(dataset, range(spec["batch"]))
     sides = [Side.from_json(spec[k]) for k in ("reference", "candidate")]
     runtimes = [_load(side, spec["threads"]) for side in sides]
-    measured = interleave(runtimes, [r.prepare(images) for r in runtimes], spec["pairs"], spec["warmup"])
-    Path(spec["result"]).write_text(json.dumps(measured))
+    inputs = [r.prepare(images) for r in runtimes]
+    start = contention.sample()
+    measured = interleave(runtimes, inputs, spec["pairs"], spec["warmup"])
+    others = contention.other_cpus(start, contention.sample())
+    timed = {"nice": os.getpriority(os.PRIO_PROCESS, 0), "other_cpus": others}
+    Path(spec["result"]).write_text(json.dumps({**measured, **timed}))
     return 0
+
+
+def _timing_process() -> None:
+    die_with_parent()
+    contention.raise_priority()
 
 
 def measure_pair(
@@ -114,7 +128,7 @@ def measure_pair(
         done = subprocess.run(
             [sys.executable, "-m", "unitrain.infer", "--pair", str(spec_file)],
             env=env,
-            preexec_fn=die_with_parent,
+            preexec_fn=_timing_process,
             capture_output=True,
             text=True,
         )
@@ -125,4 +139,5 @@ def measure_pair(
                 + (f": {said[-1][:200]}" if said else "")
             }
         measured = json.loads(Path(spec["result"]).read_text())
-    return {**ratio_summary(measured["ratios"]), "batch": batch, **measured}
+    busy = contention.busy(measured["other_cpus"], cpu()["logical_cpus"], threads)
+    return {**ratio_summary(measured["ratios"]), "busy": busy, "batch": batch, **measured}

@@ -70,7 +70,9 @@ def markdown(result: Dict[str, Any]) -> str:
         f"{result['threads']} thread(s) for every runtime. Timed: {result['timed']}; warm-up excluded; medians over "
         f"at least {result['min_iters']} runs. Held-out top-1 over {result['eval_samples']} samples. Speed against the "
         f"first row: the median, with its 95% interval, of {result.get('pairs', 0)} interleaved pairs of runs in one "
-        "process (reference / row time per run; above 1: faster); (wide): an interval wider than a quarter of it."
+        "process (reference / row time per run; above 1: faster); (wide): an interval wider than a quarter of it; "
+        "(busy): other work took the cores the pairs needed. "
+        "The pairs run at a raised priority where the system allows (nice -15, recorded with each ratio)."
     )
 
 

@@ -26,6 +26,7 @@ def ratio_summary(ratios: Sequence[float]) -> Dict[str, float | int | bool]:
 
 
 def ratio_text(summary: Dict[str, float | int | bool]) -> str:
-    """``1.83x [1.71, 1.95]``, and ``(wide)`` when the interval is."""
+    """``1.83x [1.71, 1.95]``, and ``(wide)`` when the interval is, ``(busy)`` when other work took
+    the cores it needed (:mod:`unitrain.host.contention`)."""
     text = f"{summary['median']:.2f}x [{summary['low']:.2f}, {summary['high']:.2f}]"
-    return text + (" (wide)" if summary["wide"] else "")
+    return text + (" (wide)" if summary["wide"] else "") + (" (busy)" if summary.get("busy") else "")
