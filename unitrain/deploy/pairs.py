@@ -5,7 +5,8 @@ the ratio. Here both run in one process on the same input, in blocks that altern
 then candidate, then the other way round), and each pair of blocks gives one ratio; the median
 over the pairs and its 95% interval (:mod:`unitrain.report.intervals`) are the claim. The process
 runs at a raised priority where the system allows, and records the CPU other work took meanwhile
-(:mod:`unitrain.host.contention`): a ratio timed on a busy machine is flagged so.
+(:mod:`unitrain.host.contention`): a ratio timed on a busy machine is flagged so. The pairs are
+spread over two processes, and the interval resamples both.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ from unitrain.report.intervals import ratio_summary
 
 #: Seconds a block of runs of the slower model lasts: long enough to swamp the clock's cost.
 BLOCK_S = 0.05
+#: Processes the pairs are spread over. One process's pairs share what it drew (compiled kernels,
+#: memory layout), so their interval alone can miss what another run of the same command measures.
+PROCESSES = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -106,38 +110,57 @@ def _timing_process() -> None:
     contention.raise_priority()
 
 
+def _one_process(spec: Dict[str, Any], tmp: Path, index: int, threads: int) -> Dict[str, Any]:
+    """One pair process's measurements, or ``{"error": ...}``."""
+    spec = {**spec, "result": str(tmp / f"pair{index}.json")}
+    spec_file = tmp / f"pair{index}.spec.json"
+    spec_file.write_text(json.dumps(spec))
+    done = subprocess.run(
+        [sys.executable, "-m", "unitrain.infer", "--pair", str(spec_file)],
+        env=thread_env(threads),
+        preexec_fn=_timing_process,
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0 or not Path(spec["result"]).exists():
+        said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
+        return {
+            "error": f"the pair process ended with exit status {done.returncode}"
+            + (f": {said[-1][:200]}" if said else "")
+        }
+    return json.loads(Path(spec["result"]).read_text())
+
+
 def measure_pair(
     reference: Side, candidate: Side, config: Dict[str, Any], batch: int, threads: int, pairs: int, warmup: int
 ) -> Dict[str, Any]:
     """reference's time / candidate's time per run at ``batch``, as a median over ``pairs``
-    interleaved pairs with its 95% interval; ``{"error": ...}`` when either cannot run."""
+    interleaved pairs, measured in :data:`PROCESSES` processes one after the other, with its 95%
+    interval over both levels; ``{"error": ...}`` when either cannot run."""
+    spec = {
+        "reference": reference.to_json(),
+        "candidate": candidate.to_json(),
+        "config": config,
+        "batch": batch,
+        "threads": threads,
+        "warmup": warmup,
+    }
+    shares = [pairs // PROCESSES + (i < pairs % PROCESSES) for i in range(min(PROCESSES, pairs))]
+    measured = []
     with tempfile.TemporaryDirectory(prefix="unitrain-pair-") as tmp:
-        spec = {
-            "reference": reference.to_json(),
-            "candidate": candidate.to_json(),
-            "config": config,
-            "batch": batch,
-            "threads": threads,
-            "pairs": pairs,
-            "warmup": warmup,
-            "result": str(Path(tmp) / "pair.json"),
-        }
-        spec_file = Path(tmp) / "pair.spec.json"
-        spec_file.write_text(json.dumps(spec))
-        env = thread_env(threads)
-        done = subprocess.run(
-            [sys.executable, "-m", "unitrain.infer", "--pair", str(spec_file)],
-            env=env,
-            preexec_fn=_timing_process,
-            capture_output=True,
-            text=True,
-        )
-        if done.returncode != 0 or not Path(spec["result"]).exists():
-            said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-            return {
-                "error": f"the pair process ended with exit status {done.returncode}"
-                + (f": {said[-1][:200]}" if said else "")
-            }
-        measured = json.loads(Path(spec["result"]).read_text())
-    busy = contention.busy(measured["other_cpus"], cpu()["logical_cpus"], threads)
-    return {**ratio_summary(measured["ratios"]), "busy": busy, "batch": batch, **measured}
+        for index, share in enumerate(shares):
+            measured.append(_one_process({**spec, "pairs": share}, Path(tmp), index, threads))
+            if "error" in measured[-1]:
+                return measured[-1]
+    others = [m["other_cpus"] for m in measured if m["other_cpus"] is not None]
+    combined = {key: [v for m in measured for v in m[key]] for key in ("reference_s", "candidate_s", "ratios")}
+    return {
+        **ratio_summary(combined["ratios"], groups=[m["ratios"] for m in measured]),
+        "busy": any(contention.busy(o, cpu()["logical_cpus"], threads) for o in others),
+        "batch": batch,
+        "processes": len(measured),
+        "nice": max(m["nice"] for m in measured),
+        "other_cpus": max(others) if others else None,
+        "by_process": [m["ratios"] for m in measured],
+        **combined,
+    }

@@ -19,9 +19,30 @@ def median_ci(values: Sequence[float], level: float = 0.95, resamples: int = 200
     return float(np.median(values_)), float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
 
 
-def ratio_summary(ratios: Sequence[float]) -> Dict[str, float | int | bool]:
-    """A ratio measured as interleaved pairs: median, 95% interval, pairs, and whether it is wide."""
-    median, low, high = median_ci(ratios)
+def nested_median_ci(
+    groups: Sequence[Sequence[float]], level: float = 0.95, resamples: int = 2000
+) -> Tuple[float, float, float]:
+    """The median of all values, with a two-level bootstrap interval: groups drawn with
+    replacement, then values within each. Values measured in one process share what that process
+    drew (compiled kernels, memory layout); resampling the processes too puts the difference
+    between them in the interval, which resampling pooled values would hide."""
+    rng = np.random.default_rng(0)
+    arrays = [np.asarray(g, dtype=float) for g in groups if len(g)]
+    medians = np.empty(resamples)
+    for i in range(resamples):
+        picked = rng.integers(len(arrays), size=len(arrays))
+        medians[i] = np.median(np.concatenate([rng.choice(arrays[k], len(arrays[k])) for k in picked]))
+    tail = 100 * (1 - level) / 2
+    median = float(np.median(np.concatenate(arrays)))
+    return median, float(np.percentile(medians, tail)), float(np.percentile(medians, 100 - tail))
+
+
+def ratio_summary(
+    ratios: Sequence[float], groups: Sequence[Sequence[float]] | None = None
+) -> Dict[str, float | int | bool]:
+    """A ratio measured as interleaved pairs: median, 95% interval, pairs, and whether it is wide;
+    ``groups``: the same ratios by the process that measured them."""
+    median, low, high = nested_median_ci(groups) if groups else median_ci(ratios)
     return {"median": median, "low": low, "high": high, "pairs": len(ratios), "wide": (high - low) > WIDE * median}
 
 
