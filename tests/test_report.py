@@ -98,8 +98,8 @@ def test_multirun_report_has_table_plots_and_html(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     sweep = tmp_path / "multirun"
     table = (sweep / "comparison.md").read_text()
-    assert table.startswith("| backend | amp requested | amp effective | world |")
-    assert "| paddle | O1 bfloat16 | fp32 |" in table and "| torch | O1 bfloat16 | O1 bfloat16 |" in table
+    assert table.startswith("| backend | model | amp requested | amp effective | world |")
+    assert "| paddle | tiny | O1 bfloat16 | fp32 |" in table and "| torch | tiny | O1 bfloat16 | O1 bfloat16 |" in table
     assert "not be fair" not in table  # backend and amp were swept on purpose
     assert table.splitlines()[2] in result.stdout
     for name in ("curves.png", "throughput.png", "step_time.png"):

@@ -31,7 +31,7 @@ def test_tiny_model_learns_on_learnable_data(backend, unitrain_cli):
     assert summary["throughput"]["samples_per_s"] > 0
     assert math.isclose(summary["final"]["loss"], sum(r["loss"] for r in records[-10:]) / 10)
     # The table a user came for, printed at the end.
-    assert f"| {backend} | O0 float32 | fp32 | 1 | 16 |" in result.stdout
+    assert f"| {backend} | tiny | O0 float32 | fp32 | 1 | 16 |" in result.stdout
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

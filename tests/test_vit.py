@@ -73,6 +73,21 @@ def test_a_paddle_vit_exports_to_torch_and_onnx_checked(trained):
     manifest = json.loads((run / "export" / "export.json").read_text())
     diffs = {name: a["max_abs_diff"] for name, a in manifest["artifacts"].items()}
     assert len(diffs) == 4 and max(diffs.values()) < 1e-4, diffs
+    # Every runtime serves the exported ViT and classifies the held-out images alike.
+    out = run.parent / "bench"
+    args = ["--batch", "2", "--threads", "1", "--warmup", "1", "--min-iters", "2", "--min-time", "0", "--pairs", "0"]
+    done = subprocess.run(
+        [sys.executable, "-m", "unitrain.infer", str(run), *args, "--eval-samples", "16", "--out", str(out)],
+        cwd=run.parent,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads((out / "inference.json").read_text())["rows"]
+    assert len(rows) == 7 and all("error" not in r for r in rows), rows
+    top1 = {r["accuracy"]["top1"] for r in rows}
+    assert max(top1) - min(top1) <= 1 / 16, top1
 
 
 def test_an_image_size_the_patches_do_not_divide_is_refused(tmp_path):
@@ -100,3 +115,55 @@ def test_a_vit_quantizes_in_paddle_and_onnx_runtime(trained):
     int8 = {r["runtime"]: r for r in result["rows"] if r["precision"] == "static"}
     assert "onnxruntime" in int8 and any("int8" in r["runtime"] for r in int8.values()), list(int8)
     assert all(r["effective"].startswith("int8") or "simulated" in r["effective"] for r in int8.values())
+
+
+def quantize(run, method: str, backend: str, out) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-m", "unitrain.quantize", str(run), f"method={method}", f"backend={backend}", "pairs=2"]
+        + ["min_time_s=0.1", "min_iters=2", "eval_samples=32", "batches=[8]", "qat.steps=3", f"hydra.run.dir={out}"],
+        cwd=run.parent,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads((out / "quantize.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_vit_fine_tunes_with_fake_quantization_and_runs_int8(trained, backend, tmp_path):
+    result = quantize(trained["torch"].run_dir, "qat", backend, tmp_path / "q")
+    assert (tmp_path / "q" / "qat" / "metrics.jsonl").exists()
+    assert result["settings"]["qat"]["steps"] == 3 and np.isfinite(result["settings"]["qat"]["final_loss"])
+    int8 = [r for r in result["rows"] if r["precision"] == "qat" and "error" not in r]
+    # Every runtime that ran the QAT model said what it computed with, read from its kernels.
+    assert int8 and all(r["effective"].startswith(("int8", "simulated")) for r in int8), result["rows"]
+    assert any(r["effective"].startswith("int8") for r in int8), [(r["runtime"], r["effective"]) for r in int8]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_vit_trains_data_parallel_as_one_process_on_the_doubled_batch(backend, tmp_path):
+    # No BatchNorm: two workers on 8 images each are one process on 16, to rounding.
+    common = [f"backend={backend}", *VIT, "trainer.threads=1", "trainer.steps=3", "trainer.batch_size=16"]
+    common += ["optim.lr_scaling=keep_global"]
+    one = run_unitrain(common, tmp_path / "one")
+    two = run_unitrain([*common, "dist.nproc_per_node=2"], tmp_path / "two")
+    assert one.returncode == 0 and two.returncode == 0, (one.stderr + two.stderr)[-3000:]
+    assert two.summary()["world_size"] == 2 and two.summary()["ranks_in_sync"] is True
+    np.testing.assert_allclose([r["loss"] for r in two.metrics()], [r["loss"] for r in one.metrics()], rtol=1e-4)
+
+
+def test_the_vit_runs_appear_in_the_comparison_report(trained, tmp_path):
+    runs = [str(trained[b].run_dir) for b in BACKENDS]
+    done = subprocess.run(
+        [sys.executable, "-m", "unitrain.compare", *runs, "--out", str(tmp_path / "report")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    table = (tmp_path / "report" / "comparison.md").read_text()
+    rows = [line for line in table.splitlines() if "vit_tiny" in line]
+    assert len(rows) >= 2 and any("paddle" in r for r in rows) and any("torch" in r for r in rows), table[:3000]

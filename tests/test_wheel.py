@@ -75,7 +75,7 @@ def test_wheel_in_fresh_venv_runs_outside_source_tree(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     summary = json.loads((work / "out" / "summary.json").read_text())
     assert summary["backend"] == "torch" and summary["steps"] == 3
-    assert "| torch | O0 float32 | fp32 | 1 |" in run.stdout
+    assert "| torch | tiny | O0 float32 | fp32 | 1 |" in run.stdout
 
     missing = sh(python, "-m", "unitrain", "backend=paddle", "model=tiny", "hydra.run.dir=out2", cwd=work)
     assert missing.returncode == 2

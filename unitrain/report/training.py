@@ -364,6 +364,7 @@ def _measured(
     p = s["precision"]
     return {
         "backend": s["backend"],
+        "model": str((group[0].config.get("model") or {}).get("name", "?")),
         "amp requested": p["requested"],
         "amp effective": p["effective"],
         "world": str(s["world_size"]),
