@@ -167,3 +167,32 @@ def test_the_vit_runs_appear_in_the_comparison_report(trained, tmp_path):
     table = (tmp_path / "report" / "comparison.md").read_text()
     rows = [line for line in table.splitlines() if "vit_tiny" in line]
     assert len(rows) >= 2 and any("paddle" in r for r in rows) and any("torch" in r for r in rows), table[:3000]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_vit_with_amp_profiling_evaluation_and_a_checkpoint_resumes_exactly(backend, tmp_path):
+    job = [
+        f"backend={backend}",
+        *VIT,
+        "trainer.steps=6",
+        "trainer.checkpoint_every=3",
+        "trainer.save_final_weights=true",
+    ]
+    job += ["data.val_samples=32", "trainer.eval_every=3"]
+    traced = run_unitrain([*job, "amp=O1", "amp.dtype=bfloat16", "profiler.mode=trace", "profiler.start=2"], tmp_path)
+    assert traced.returncode == 0, traced.stderr[-3000:]
+    summary = traced.summary()
+    # What ran is read back: bf16 where the framework computes it, never copied from the request.
+    assert summary["precision"]["requested"] == "O1 bfloat16" and summary["precision"]["effective"]
+    assert summary["trace"]["top_operators"] and (traced.run_dir / "trace.rank0.json").exists()
+    assert [r["step"] for r in traced.metrics() if "val_top1" in r] == [3, 6]
+
+    full = run_unitrain(job, tmp_path / "full")
+    resumed = run_unitrain([*job, f"trainer.resume={full.run_dir / 'checkpoints' / 'step3'}"], tmp_path / "resumed")
+    assert full.returncode == 0 and resumed.returncode == 0, (full.stderr + resumed.stderr)[-3000:]
+    with (
+        np.load(full.run_dir / "final_weights.rank0.npz") as a,
+        np.load(resumed.run_dir / "final_weights.rank0.npz") as b,
+    ):
+        assert a.files == b.files and all(np.array_equal(a[k], b[k]) for k in a.files)

@@ -67,8 +67,9 @@ def _load(side: Side, threads: int) -> Runtime:
     return runtime
 
 
-def interleave(runtimes: List[Runtime], inputs: List[Any], pairs: int, warmup: int) -> Dict[str, List[float]]:
-    """Seconds per run of each, in alternating blocks; ratios reference / candidate."""
+def interleave(runtimes: List[Runtime], inputs: List[Any], pairs: int, warmup: int) -> Dict[str, Any]:
+    """Seconds per run of each, in alternating blocks; ratios reference / candidate; the CPUs
+    other work took meanwhile."""
     for runtime, x in zip(runtimes, inputs):
         for _ in range(max(1, warmup)):
             runtime.run(x)
@@ -78,6 +79,8 @@ def interleave(runtimes: List[Runtime], inputs: List[Any], pairs: int, warmup: i
         runtime.run(x)
         once.append(time.perf_counter() - started)
     per_block = max(1, int(BLOCK_S / max(once)))
+    # After the warm-up: torch.compile's compile workers are processes of their own.
+    start = contention.sample()
     seconds: List[List[float]] = [[], []]
     for i in range(pairs):
         for k in (0, 1) if i % 2 == 0 else (1, 0):
@@ -85,7 +88,12 @@ def interleave(runtimes: List[Runtime], inputs: List[Any], pairs: int, warmup: i
             for _ in range(per_block):
                 runtimes[k].run(inputs[k])
             seconds[k].append((time.perf_counter() - started) / per_block)
-    return {"reference_s": seconds[0], "candidate_s": seconds[1], "ratios": [a / b for a, b in zip(*seconds)]}
+    return {
+        "reference_s": seconds[0],
+        "candidate_s": seconds[1],
+        "ratios": [a / b for a, b in zip(*seconds)],
+        "other_cpus": contention.other_cpus(start, contention.sample()),
+    }
 
 
 def pair_worker(spec_file: str) -> int:
@@ -97,11 +105,8 @@ def pair_worker(spec_file: str) -> int:
     sides = [Side.from_json(spec[k]) for k in ("reference", "candidate")]
     runtimes = [_load(side, spec["threads"]) for side in sides]
     inputs = [r.prepare(images) for r in runtimes]
-    start = contention.sample()
     measured = interleave(runtimes, inputs, spec["pairs"], spec["warmup"])
-    others = contention.other_cpus(start, contention.sample())
-    timed = {"nice": os.getpriority(os.PRIO_PROCESS, 0), "other_cpus": others}
-    Path(spec["result"]).write_text(json.dumps({**measured, **timed}))
+    Path(spec["result"]).write_text(json.dumps({**measured, "nice": os.getpriority(os.PRIO_PROCESS, 0)}))
     return 0
 
 
