@@ -186,7 +186,8 @@ def test_a_vit_with_amp_profiling_evaluation_and_a_checkpoint_resumes_exactly(ba
     # What ran is read back: bf16 where the framework computes it, never copied from the request.
     assert summary["precision"]["requested"] == "O1 bfloat16" and summary["precision"]["effective"]
     assert summary["trace"]["top_operators"] and (traced.run_dir / "trace.rank0.json").exists()
-    assert [r["step"] for r in traced.metrics() if "val_top1" in r] == [3, 6]
+    records = [json.loads(line) for line in (traced.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if "val_top1" in r] == [3, 6]
 
     full = run_unitrain(job, tmp_path / "full")
     resumed = run_unitrain([*job, f"trainer.resume={full.run_dir / 'checkpoints' / 'step3'}"], tmp_path / "resumed")
