@@ -181,7 +181,7 @@ def test_infer_runs_every_artifact_in_every_runtime_and_reports(exported, tmp_pa
         "--min-time",
         "0",
         "--pairs",
-        "2",
+        "4",
         "--out",
         str(out),
         cwd=tmp_path,
@@ -193,7 +193,9 @@ def test_infer_runs_every_artifact_in_every_runtime_and_reports(exported, tmp_pa
     for row in result["rows"]:
         if (row["name"], row["runtime"]) != (first["name"], first["runtime"]):
             pair = row["vs_reference"]
-            assert pair["pairs"] == 2 and pair["low"] <= pair["median"] <= pair["high"] and pair["processes"] == 2, row
+            assert pair["pairs"] == 4 and pair["low"] <= pair["median"] <= pair["high"], row
+            # Two pairs to a process: the interval sees what differs between processes too.
+            assert pair["processes"] == 2 and [len(p) for p in pair["by_process"]] == [2, 2], row
     runtimes = {(r["name"], r["runtime"]) for r in result["rows"]}
     assert {name for name, _ in runtimes} == FOUR
     assert len(runtimes) == 7  # 2 torch, 3 paddle, ONNX Runtime on each ONNX file

@@ -92,7 +92,7 @@ def test_static_torch_runs_int8_kernels_in_inductor_and_onnxruntime(trained, tmp
     for row in (ort, compiled, eager):
         speedup = row["speedup"]["4"]
         assert speedup["pairs"] == 2 and speedup["low"] <= speedup["median"] <= speedup["high"], row
-        assert len(speedup["ratios"]) == 2 and speedup["batch"] == 4 and speedup["processes"] == 2
+        assert len(speedup["ratios"]) == 2 and speedup["batch"] == 4 and speedup["processes"] == 1
         # Timed at a raised priority (root here), with the CPU other work took meanwhile recorded.
         assert speedup["nice"] == (contention.PRIORITY if os.geteuid() == 0 else 0) and speedup["other_cpus"] >= 0
     assert "speed-up (batch 4, 95% CI)" in (result.run_dir / "quantize.md").read_text()

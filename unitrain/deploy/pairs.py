@@ -1,12 +1,12 @@
-"""A speed ratio between two exported models measured as interleaved pairs, in one process.
+"""A speed ratio between two exported models measured as interleaved pairs.
 
 Timing each artifact alone, minutes apart, lets whatever else the machine does in between decide
-the ratio. Here both run in one process on the same input, in blocks that alternate (reference
+the ratio. Here both run in the same process on the same input, in blocks that alternate (reference
 then candidate, then the other way round), and each pair of blocks gives one ratio; the median
 over the pairs and its 95% interval (:mod:`unitrain.report.intervals`) are the claim. The process
 runs at a raised priority where the system allows, and records the CPU other work took meanwhile
 (:mod:`unitrain.host.contention`): a ratio timed on a busy machine is flagged so. The pairs are
-spread over two processes, and the interval resamples both.
+spread over several processes, and the interval resamples both the processes and the pairs.
 """
 
 from __future__ import annotations
@@ -31,9 +31,11 @@ from unitrain.report.intervals import ratio_summary
 
 #: Seconds a block of runs of the slower model lasts: long enough to swamp the clock's cost.
 BLOCK_S = 0.05
-#: Processes the pairs are spread over. One process's pairs share what it drew (compiled kernels,
-#: memory layout), so their interval alone can miss what another run of the same command measures.
-PROCESSES = 2
+#: Pairs measured by one process; the rest go to further processes, one after another. A
+#: process's pairs share what it drew (memory layout, compiled kernels): the ratio of a
+#: fake-quantized model in torch eager moved by a fifth from one process to the next on a quiet
+#: machine, more than within any one, so the interval has to see several processes.
+PAIRS_PER_PROCESS = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,8 +142,8 @@ def measure_pair(
     reference: Side, candidate: Side, config: Dict[str, Any], batch: int, threads: int, pairs: int, warmup: int
 ) -> Dict[str, Any]:
     """reference's time / candidate's time per run at ``batch``, as a median over ``pairs``
-    interleaved pairs, measured in :data:`PROCESSES` processes one after the other, with its 95%
-    interval over both levels; ``{"error": ...}`` when either cannot run."""
+    interleaved pairs, :data:`PAIRS_PER_PROCESS` to a process, with its 95% interval over both
+    levels; ``{"error": ...}`` when either cannot run."""
     spec = {
         "reference": reference.to_json(),
         "candidate": candidate.to_json(),
@@ -150,7 +152,7 @@ def measure_pair(
         "threads": threads,
         "warmup": warmup,
     }
-    shares = [pairs // PROCESSES + (i < pairs % PROCESSES) for i in range(min(PROCESSES, pairs))]
+    shares = [min(PAIRS_PER_PROCESS, pairs - start) for start in range(0, pairs, PAIRS_PER_PROCESS)]
     measured = []
     with tempfile.TemporaryDirectory(prefix="unitrain-pair-") as tmp:
         for index, share in enumerate(shares):
