@@ -131,6 +131,17 @@ def quantize(run, method: str, backend: str, out) -> dict:
 
 
 @pytest.mark.slow
+def test_dynamic_int8_runs_a_vits_matmuls_in_integer_kernels_in_onnx_runtime(trained, tmp_path):
+    # Dynamic quantization is the transformer's method: its Linear layers become MatMulInteger.
+    result = quantize(trained["torch"].run_dir, "dynamic", "torch", tmp_path / "q")
+    rows = {r["runtime"]: r for r in result["rows"] if r["precision"] == "dynamic"}
+    assert rows["onnxruntime"]["effective"].startswith("int8 kernels"), rows["onnxruntime"]
+    assert rows["onnxruntime"]["kernels"]["int8"] >= 4 * 2  # at least the blocks' Linears: 4 a block, 2 blocks
+    assert rows["torch.compile (inductor)"]["effective"] == "int8 weights, fp32 compute"
+    assert rows["onnxruntime"]["size_vs_fp32"] < 0.5
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_vit_fine_tunes_with_fake_quantization_and_runs_int8(trained, backend, tmp_path):
     result = quantize(trained["torch"].run_dir, "qat", backend, tmp_path / "q")
