@@ -7,7 +7,7 @@ from typing import Any, Dict, List
 
 from unitrain.host.machine import describe_cpu
 from unitrain.report import style
-from unitrain.report.intervals import ratio_text
+from unitrain.report.intervals import how_pairs_ran, ratio_text
 from unitrain.report.tables import markdown as md_table
 
 
@@ -69,10 +69,8 @@ def markdown(result: Dict[str, Any]) -> str:
         md_table(table_rows(result)) + f"\n\nCPU: {describe_cpu(result['cpu'], {})}; "
         f"{result['threads']} thread(s) for every runtime. Timed: {result['timed']}; warm-up excluded; medians over "
         f"at least {result['min_iters']} runs. Held-out top-1 over {result['eval_samples']} samples. Speed against the "
-        f"first row: the median, with its 95% interval, of {result.get('pairs', 0)} interleaved pairs of runs in one "
-        "process (reference / row time per run; above 1: faster); (wide): an interval wider than a quarter of it; "
-        "(busy): other work took the cores the pairs needed. "
-        "The pairs run at a raised priority where the system allows (nice -15, recorded with each ratio)."
+        f"first row: the median, with its 95% interval, of {result.get('pairs', 0)} interleaved pairs of runs "
+        "(reference / row time per run; above 1: faster); " + how_pairs_ran()
     )
 
 

@@ -6,6 +6,8 @@ from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
+from unitrain.host.contention import PRIORITY
+
 #: An interval wider than this, relative to its median, is flagged: the machine was too busy
 #: (or the runs too few) for the ratio to be trusted to better than that.
 WIDE = 0.25
@@ -44,6 +46,15 @@ def ratio_summary(
     ``groups``: the same ratios by the process that measured them."""
     median, low, high = nested_median_ci(groups) if groups else median_ci(ratios)
     return {"median": median, "low": low, "high": high, "pairs": len(ratios), "wide": (high - low) > WIDE * median}
+
+
+def how_pairs_ran() -> str:
+    """What every table of pair ratios says about them, once."""
+    return (
+        "(wide): an interval wider than a quarter of it; (busy): other work took the cores the pairs needed. "
+        "Pairs spread over several processes, run at a raised priority where the system allows "
+        f"(nice {PRIORITY}, recorded with each ratio)."
+    )
 
 
 def ratio_text(summary: Dict[str, float | int | bool]) -> str:

@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from unitrain.host.machine import describe_cpu
 from unitrain.report import style
-from unitrain.report.intervals import ratio_text
+from unitrain.report.intervals import how_pairs_ran, ratio_text
 
 RESULT = "quantize.json"
 
@@ -170,11 +170,8 @@ def markdown(report: Dict[str, Any], rows: Optional[List[Dict[str, str]]] = None
         f"for every runtime. CPU: {describe_cpu(report['cpu'], {})} "
         f"(int8 is fast with VNNI or AMX). `effective` is read from the kernels each runtime ran, not from the method. "
         f"Speed-up: the median, with its 95% interval, of {report.get('pairs', '?')} interleaved pairs of runs of the "
-        "int8 artifact and the same job's fp32 one in one process and runtime ((wide): an interval wider than a "
-        "quarter of it; (busy): other work took the cores the pairs needed); img/s times each artifact alone, "
-        "so on a busy machine the two can disagree. "
-        "The pairs run at a raised priority where the system allows (nice -15, recorded with each ratio)."
-        + _deployment_notes(report)
+        "int8 artifact and the same job's fp32 one in the same process and runtime; img/s times each artifact "
+        "alone, so on a busy machine the two can disagree. " + how_pairs_ran() + _deployment_notes(report)
     )
 
 
