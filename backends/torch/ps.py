@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 import torch
@@ -28,6 +28,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from unitrain.data.criteo import SPARSE_SLOTS, CtrData
+from unitrain.data.criteo_files import Share
+from unitrain.errors import Refusal, UnitrainError
 from unitrain.interface.ps import PsProgram, Role
 from unitrain.ps.model import EMBED_INIT, tower_init
 
@@ -189,6 +191,25 @@ def _assemble(parts, rows: List[torch.Tensor], batch: int, dim: int):
     return ordered[..., :dim].reshape(batch, -1), ordered[..., dim].sum(dim=1)
 
 
+class _Stream(torch.utils.data.IterableDataset):
+    """A trainer's share for torch's DataLoader: each loader worker parses every n-th batch,
+    and the loader takes them from the workers in turn, so the order is the share's."""
+
+    def __init__(self, share: Share, batch_size: int):
+        super().__init__()
+        self.share, self.batch_size = share, batch_size
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        try:
+            for batch in self.share.batches(self.batch_size, worker, workers):
+                yield batch.dense, batch.sparse, batch.label
+        except UnitrainError as err:
+            # The loader would wrap it in a worker traceback; the trainer re-raises it as one line.
+            yield str(err)
+
+
 class TorchPs(PsProgram):
     def __init__(self, cfg, role: Role):
         global _SERVER
@@ -248,6 +269,16 @@ class TorchPs(PsProgram):
         self.rpc = None
 
     # --- training --------------------------------------------------------------------------
+    def batches(self, share: Share, batch_size: int, workers: int) -> Iterator[CtrData]:
+        if workers == 0:
+            yield from share.batches(batch_size)
+            return
+        loader = torch.utils.data.DataLoader(_Stream(share, batch_size), batch_size=None, num_workers=workers)
+        for item in loader:
+            if isinstance(item, str):
+                raise Refusal(item)
+            yield CtrData(*(t.numpy() for t in item))
+
     def _lookup_remote_async(self, ids: np.ndarray, batch: int):
         parts = _split(ids, len(self.servers))
         futures = [m.forward_async(rows) for m, (_, rows) in zip(self.remote, parts)]

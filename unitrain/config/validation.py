@@ -14,6 +14,7 @@ from typing import Any, Iterable
 
 from unitrain.config.schedule import BatchPlan
 from unitrain.config.schema import DATASET_NAMES, PS_DATASETS, PS_MODELS, PS_OPTIMIZERS, DistConfig
+from unitrain.data import criteo_files
 from unitrain.data.augment import AUGMENTATIONS
 from unitrain.errors import ConfigError
 from unitrain.host.memory import available_mb
@@ -79,7 +80,7 @@ def _check_data(data: Any) -> None:
         if not os.path.isdir(data.path):
             raise ConfigError("data.path", data.path, "an existing directory of class sub-directories")
     _at_least("data.val_samples", data.val_samples, 0, "0: no held-out set")
-    if data.val_path is not None and not os.path.isdir(data.val_path):
+    if data.name == "imagefolder" and data.val_path is not None and not os.path.isdir(data.val_path):
         raise ConfigError("data.val_path", data.val_path, "an existing directory of class sub-directories")
     if not (math.isfinite(data.sample_delay_s) and data.sample_delay_s >= 0):
         raise ConfigError("data.sample_delay_s", data.sample_delay_s, "a finite number of seconds >= 0")
@@ -278,12 +279,10 @@ def _check_ps(cfg: Any) -> None:
     _positive("model.embedding_dim", cfg.model.embedding_dim)
     for width in cfg.model.hidden_layers:
         _positive("model.hidden_layers", width)
-    if cfg.data.name == "criteo" and not (cfg.data.path and os.path.isfile(cfg.data.path)):
-        raise ConfigError(
-            "data.path",
-            cfg.data.path,
-            "an existing Criteo TSV file (label, I1..I13, C1..C26 per line) with data=criteo",
-        )
+    if cfg.data.name == "criteo":
+        for key, path in (("data.path", cfg.data.path), ("data.val_path", cfg.data.val_path)):
+            if (path or key == "data.path") and not (path and os.path.exists(path)):
+                raise ConfigError(key, path, f"{criteo_files.ALLOWED}, existing, with data=criteo")
 
 
 def processes_per_node(cfg: Any) -> int:

@@ -16,14 +16,13 @@ so that a model can learn them (AUC well above 0.5); they go through the same pa
 from __future__ import annotations
 
 import math
-import os
 import zlib
 from dataclasses import dataclass
-from typing import Iterable, Iterator, List
+from typing import Iterable, Iterator, List, Tuple
 
 import numpy as np
 
-from unitrain.errors import ConfigError, Refusal
+from unitrain.errors import Refusal
 
 DENSE_FEATURES = 13
 SPARSE_SLOTS = 26
@@ -68,29 +67,36 @@ def hash_value(slot: int, value: str, buckets: int) -> int:
 
 
 def parse_lines(lines: Iterable[str], buckets: int, source: str = "data.path") -> CtrData:
-    """Criteo TSV lines as arrays; a line with the wrong number of fields, or a label or count
-    that is not an integer, is refused in one line naming ``source`` and the line."""
+    """Criteo TSV lines as arrays, numbered from 1 in ``source`` (see :func:`parse_numbered`)."""
+    return parse_numbered(((source, number, line) for number, line in enumerate(lines, 1)), buckets)
+
+
+def parse_numbered(lines: Iterable[Tuple[str, int, str]], buckets: int) -> CtrData:
+    """(source, line number, line) triples as arrays; a line with the wrong number of fields,
+    or a label or count that is not an integer, is refused in one line naming its source and
+    line number."""
     labels: List[float] = []
     dense: List[List[float]] = []
     sparse: List[List[int]] = []
+    source = "data.path"
 
-    def refuse(number: int, why: str) -> Refusal:
+    def refuse(source: str, number: int, why: str) -> Refusal:
         return Refusal(
             f"{source} is not allowed: line {number} {why}; Criteo rows are {FIELDS} tab-separated fields (label 0/1, "
             "I1..I13 integers or empty, C1..C26)"
         )
 
-    for number, line in enumerate(lines, 1):
+    for source, number, line in lines:
         fields = line.rstrip("\n").split("\t")
         if len(fields) != FIELDS:
-            raise refuse(number, f"has {len(fields)} fields")
+            raise refuse(source, number, f"has {len(fields)} fields")
         try:
             label = int(fields[0])
             counts = [math.log1p(max(int(f), 0)) if f else 0.0 for f in fields[1 : 1 + DENSE_FEATURES]]
         except ValueError:
-            raise refuse(number, "has a label or count that is not an integer") from None
+            raise refuse(source, number, "has a label or count that is not an integer") from None
         if label not in (0, 1):
-            raise refuse(number, f"has the label {fields[0]!r}")
+            raise refuse(source, number, f"has the label {fields[0]!r}")
         labels.append(float(label))
         dense.append(counts)
         sparse.append([hash_value(s, v, buckets) for s, v in enumerate(fields[1 + DENSE_FEATURES :])])
@@ -101,26 +107,6 @@ def parse_lines(lines: Iterable[str], buckets: int, source: str = "data.path") -
         np.asarray(sparse, np.int64).reshape(-1, SPARSE_SLOTS),
         np.asarray(labels, np.float32),
     )
-
-
-def read_tsv(path: str, buckets: int, skip: int = 0, limit: int | None = None) -> CtrData:
-    """Rows ``skip .. skip+limit`` of a Criteo TSV file (plain text, as Criteo distributes it)."""
-    if not os.path.isfile(path):
-        raise ConfigError(
-            "data.path",
-            path,
-            "an existing Criteo TSV file (label, I1..I13, C1..C26 per line), e.g. the Kaggle set's train.txt",
-        )
-
-    def wanted(f) -> Iterator[str]:
-        for i, line in enumerate(f):
-            if limit is not None and i >= skip + limit:
-                return
-            if i >= skip:
-                yield line
-
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return parse_lines(wanted(f), buckets, source=f"data.path={path!r}")
 
 
 class Teacher:
@@ -153,9 +139,10 @@ class Teacher:
         )
 
 
-def synthetic_lines(num_rows: int, seed: int, stream: int = TRAIN) -> List[str]:
-    """``num_rows`` Criteo-format lines; row i depends on (seed, stream, i) only."""
-    teacher, lines = Teacher(seed), []
+def synthetic_blocks(num_rows: int, seed: int, stream: int = TRAIN) -> Iterator[Tuple[List[str], np.ndarray]]:
+    """Criteo-format lines in blocks of up to BLOCK, each with the teacher's click probability
+    of its rows; row i depends on (seed, stream, i) only."""
+    teacher = Teacher(seed)
     for block in range(math.ceil(num_rows / BLOCK)):
         # Always a whole block drawn (then cut), so the draws do not depend on num_rows.
         n, keep = BLOCK, min(BLOCK, num_rows - block * BLOCK)
@@ -167,7 +154,9 @@ def synthetic_lines(num_rows: int, seed: int, stream: int = TRAIN) -> List[str]:
         missing_value = rng.random((n, SPARSE_SLOTS)) < 0.05
         log_counts = np.where(missing_count, 0.0, np.log1p(counts))
         logits = teacher.logits(log_counts, values) - 0.5 * missing_value.sum(axis=1) / SPARSE_SLOTS
-        labels = rng.random(n) < 1.0 / (1.0 + np.exp(-logits))
+        probabilities = 1.0 / (1.0 + np.exp(-logits))
+        labels = rng.random(n) < probabilities
+        lines = []
         for i in range(keep):
             dense = ["" if missing_count[i, j] else str(counts[i, j]) for j in range(DENSE_FEATURES)]
             # Values written as Criteo writes them: 8 hex digits, here a hash of slot and index.
@@ -176,7 +165,12 @@ def synthetic_lines(num_rows: int, seed: int, stream: int = TRAIN) -> List[str]:
                 for s in range(SPARSE_SLOTS)
             ]
             lines.append("\t".join([str(int(labels[i])), *dense, *cats]))
-    return lines
+        yield lines, probabilities[:keep]
+
+
+def synthetic_lines(num_rows: int, seed: int, stream: int = TRAIN) -> List[str]:
+    """``num_rows`` Criteo-format lines; row i depends on (seed, stream, i) only."""
+    return [line for lines, _ in synthetic_blocks(num_rows, seed, stream) for line in lines]
 
 
 def synthetic(num_rows: int, seed: int, buckets: int, stream: int = TRAIN) -> CtrData:

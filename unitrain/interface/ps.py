@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Protocol, cast
+from typing import Any, Dict, Iterable, Optional, Protocol, cast
 
 import numpy as np
 
 from unitrain.data.criteo import CtrData
+from unitrain.data.criteo_files import Share
 from unitrain.interface import modules
 
 
@@ -44,6 +45,11 @@ class PsProgram(ABC):
     def run_server(self) -> None:
         """Serve parameters until the trainers are done (servers only)."""
         raise NotImplementedError
+
+    def batches(self, share: Share, batch_size: int, workers: int) -> Iterable[CtrData]:
+        """The trainer's batches in order, parsed by up to ``workers`` loader workers (data.num_workers);
+        by default in the trainer's own thread."""
+        return share.batches(batch_size)
 
     @abstractmethod
     def train_batch(self, batch: CtrData) -> float:

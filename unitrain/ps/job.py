@@ -21,21 +21,20 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Dict, List, Mapping, Optional, Tuple
+from typing import IO, Any, Dict, List, Mapping, Optional
 
 import numpy as np
 
-from unitrain.data.criteo import HELD_OUT, CtrData, auc, log_loss, read_tsv, synthetic
+from unitrain.data.criteo import CtrData, auc, log_loss
 from unitrain.errors import ConfigError, UnitrainError
 from unitrain.host import machine
 from unitrain.interface.backend import get_backend
 from unitrain.interface.launch import launch_module
 from unitrain.interface.ps import PsProgram, Role, ps_module
+from unitrain.ps.data import job_data
 
 log = logging.getLogger("unitrain")
 
-#: Rows of data=criteo_synthetic when data.num_samples / data.val_samples are unset.
-DEFAULT_ROWS, DEFAULT_HELD_OUT = 20_000, 4_000
 #: Steps left out of examples/s: the first pulls create the servers' table rows.
 WARMUP_STEPS = 2
 RESULTS = "ps"  # per-trainer results, <run_dir>/ps/trainer<i>.json
@@ -46,39 +45,6 @@ def role_from_env(backend: str, env: Mapping[str, str], servers: int, trainers: 
     if servers == 0:
         return Role("trainer", 0, 0, 1)
     return launch_module(backend).ps_role(env, servers, trainers)
-
-
-def load_data(cfg, held_out: bool) -> Tuple[CtrData, Optional[CtrData]]:
-    """The training rows (all of them; each trainer takes its shard) and, when asked, the
-    held-out rows; the dense features standardized with the training rows' mean and spread
-    (log counts sit around 0-8: plain SGD crawls on them uncentred)."""
-    train, val = _read_rows(cfg, held_out)
-    mean, std = train.dense.mean(axis=0), train.dense.std(axis=0) + 1e-6
-    for rows in (train, val):
-        if rows is not None:
-            rows.dense = ((rows.dense - mean) / std).astype(np.float32)
-    return train, val
-
-
-def _read_rows(cfg, held_out: bool) -> Tuple[CtrData, Optional[CtrData]]:
-    buckets, data = cfg.model.sparse_buckets, cfg.data
-    if data.name == "criteo_synthetic":
-        train = synthetic(data.num_samples or DEFAULT_ROWS, cfg.trainer.seed, buckets)
-        val = synthetic(data.val_samples or DEFAULT_HELD_OUT, cfg.trainer.seed, buckets, HELD_OUT) if held_out else None
-        return train, val
-    if data.num_samples is None:
-        rows = read_tsv(data.path, buckets)
-        if data.val_samples >= len(rows):
-            raise ConfigError("data.val_samples", data.val_samples, f"fewer than the {len(rows)} rows of {data.path}")
-        cut = len(rows) - data.val_samples
-        return rows.rows(slice(0, cut)), (rows.rows(slice(cut, None)) if held_out and data.val_samples else None)
-    train = read_tsv(data.path, buckets, limit=data.num_samples)
-    val = (
-        read_tsv(data.path, buckets, skip=data.num_samples, limit=data.val_samples)
-        if held_out and data.val_samples
-        else None
-    )
-    return train, val
 
 
 def evaluate(program: PsProgram, rows: CtrData, batch_size: int) -> Dict[str, float]:
@@ -129,14 +95,14 @@ class _Records:
         self._write(record)
 
 
-def _steps_per_epoch(cfg: Any, rows: int, role: Role) -> int:
-    """Every trainer takes as many steps as the smallest shard allows: sync mode meets at a
+def _steps_per_epoch(cfg: Any, smallest: int) -> int:
+    """Every trainer takes as many steps as the smallest share allows: sync mode meets at a
     barrier each step, and a trainer with one more batch would wait there for ever."""
-    batch_size, smallest = cfg.trainer.batch_size, rows // role.trainers
+    batch_size = cfg.trainer.batch_size
     steps = min(smallest // batch_size, cfg.trainer.steps or smallest)
     if steps == 0:
         raise ConfigError(
-            "trainer.batch_size", batch_size, f"at most {smallest}, the rows of the smallest trainer's shard"
+            "trainer.batch_size", batch_size, f"at most {smallest}, the rows of the smallest trainer's share"
         )
     return steps
 
@@ -144,24 +110,17 @@ def _steps_per_epoch(cfg: Any, rows: int, role: Role) -> int:
 def train(cfg: Any, program: PsProgram, role: Role, run_dir: Path, describe: Dict[str, Any]) -> Dict[str, Any]:
     """The loop of one trainer; trainer 0 also evaluates and writes metrics.jsonl."""
     first = role.index == 0
-    rows, held_out = load_data(cfg, held_out=first)
-    shard = rows.shard(role.index, role.trainers)
+    data = job_data(cfg, role.index, role.trainers, held_out=first)
     batch_size, every = cfg.trainer.batch_size, cfg.trainer.eval_every
-    steps_per_epoch = _steps_per_epoch(cfg, len(rows), role)
+    steps_per_epoch = _steps_per_epoch(cfg, data.smallest)
     total = steps_per_epoch * cfg.trainer.epochs
-    log.info(
-        "%s: %d rows (%.1f%% clicks), %d steps of %d",
-        role.name,
-        len(shard),
-        100 * shard.positive_rate,
-        total,
-        batch_size,
-    )
+    log.info("%s: %d of %d rows, %d steps of %d", role.name, data.share.rows, data.rows, total, batch_size)
     out = _Records(role=role, file=open(run_dir / "metrics.jsonl", "w", encoding="utf-8") if first else None)
     step = 0
     try:
         for epoch in range(cfg.trainer.epochs):
-            for _, batch in zip(range(steps_per_epoch), shard.batches(batch_size)):
+            batches = program.batches(data.share, batch_size, cfg.data.num_workers)
+            for _, batch in zip(range(steps_per_epoch), batches):
                 step += 1
                 out.step(_train_step(program, batch, step, epoch, cfg, role))
                 if step % cfg.trainer.log_every == 0 or step == total:
@@ -173,16 +132,17 @@ def train(cfg: Any, program: PsProgram, role: Role, run_dir: Path, describe: Dic
                         out.steps[-1]["loss"],
                         out.steps[-1]["ips"],
                     )
-                if held_out is not None and every and step % every == 0 and step < total:
-                    out.evaluate(program, held_out, cfg.trainer.eval_batch_size, step)
+                if data.held_out is not None and every and step % every == 0 and step < total:
+                    out.evaluate(program, data.held_out, cfg.trainer.eval_batch_size, step)
+            del batches  # its loader workers end with it
         train_time = time.perf_counter() - out.started - out.eval_time
         program.end_training()
-        if held_out is not None:
-            out.evaluate(program, held_out, cfg.trainer.eval_batch_size, step)
+        if data.held_out is not None:
+            out.evaluate(program, data.held_out, cfg.trainer.eval_batch_size, step)
     finally:
         if out.file:
             out.file.close()
-    return _trainer_result(out, program, role, run_dir, describe, len(shard), batch_size, train_time)
+    return _trainer_result(out, program, role, run_dir, describe, data.share.rows, batch_size, train_time)
 
 
 def _train_step(program: PsProgram, batch: CtrData, step: int, epoch: int, cfg: Any, role: Role) -> Dict[str, float]:
