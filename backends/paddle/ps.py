@@ -23,10 +23,13 @@ trainer steps with ``Executor.run`` (batch by batch, timed and evaluated like to
 
 from __future__ import annotations
 
+import gzip
 import re
 import socket
+import tempfile
 import time
 import urllib.request
+from pathlib import Path
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -36,9 +39,11 @@ from unitrain.data.criteo import DENSE_FEATURES, SPARSE_SLOTS, CtrData
 from unitrain.errors import UnitrainError
 from unitrain.interface.ps import PsProgram, Role
 from unitrain.ps.model import EMBED_INIT, tower_init
+from unitrain.ps.table import BETA1, BETA2, EPSILON, INITIAL_G2SUM
 
 __all__ = ["build", "engine_problem"]
 
+LOCAL_STATE = "model"  # paddle.static.save's prefix in a one-process job's checkpoint
 # Seconds a trainer waits for the servers to listen before it gives up.
 SERVER_WAIT_S = 120.0
 
@@ -112,8 +117,36 @@ def _retry_first_push(runtime: Any) -> None:
     runtime._init_all_params = retried
 
 
+def _sparse_rule(cfg, sync: str) -> Dict[str, Any]:
+    """The servers' rule for the sparse tables, set to unitrain's (unitrain/ps/table.py).
+
+    Fleet's CPU default is its Adam rule whatever the dense optimizer (the_one_ps.py sets
+    SparseNaiveSGDRule for SGD, then overwrites it), so the rule is always named here. A pushed
+    row gradient is multiplied by the rows of the id tensor, here batch x 26
+    (FleetWrapper::PushSparseFromTensorAsync): SGD's rate is divided by them, Adam's epsilon
+    multiplied (Adam is otherwise blind to the scale), and Adagrad divides by the row's count
+    itself. Fleet's sync mode applies each trainer's sparse push when it arrives (only the
+    dense tables wait at the barrier), so the rows would move by the sum of the trainers'
+    gradients: SGD's rate is divided by the trainers, which makes it their mean. Adam and
+    Adagrad keep state, and two updates are not one of the mean: observed() says so."""
+    pushed, lr = cfg.trainer.batch_size * SPARSE_SLOTS, cfg.optim.lr
+    common = {"initial_range": EMBED_INIT, "learning_rate": lr}
+    if cfg.optim.name == "adagrad":
+        return {
+            "name": "StdAdaGradSGDRule",
+            **{f"adagrad.{k}": v for k, v in common.items()},
+            "adagrad.initial_g2sum": INITIAL_G2SUM,
+        }
+    if cfg.optim.name == "adam":
+        adam = {**common, "beta1_decay_rate": BETA1, "beta2_decay_rate": BETA2, "ada_epsilon": EPSILON * pushed}
+        return {"name": "SparseAdamSGDRule", **{f"adam.{k}": v for k, v in adam.items()}}
+    trainers = cfg.dist.ps.trainers if sync == "sync" else 1
+    naive = {**common, "learning_rate": lr / (pushed * trainers)}
+    return {"name": "SparseNaiveSGDRule", **{f"naive.{k}": v for k, v in naive.items()}}
+
+
 class PaddlePs(PsProgram):
-    def __init__(self, cfg, role: Role):
+    def __init__(self, cfg, role: Role, resume: Optional[Path]):
         paddle.enable_static()
         self.cfg, self.role, self.use_ps = cfg, role, role.servers > 0
         self.sync = cfg.dist.ps.sync if self.use_ps else "local"
@@ -130,26 +163,32 @@ class PaddlePs(PsProgram):
         self.main = self.loss.block.program
         if not (self.use_ps and self.fleet.is_server()):
             self._start_trainer()
+            if resume is not None:
+                self._load(resume)
 
     def _optimizer(self, cfg):
-        optimizer = paddle.optimizer.SGD(learning_rate=cfg.optim.lr)
+        lr, name = cfg.optim.lr, cfg.optim.name
+        if name == "adam":
+            # lazy_mode: only the batch's rows move, as on the servers (whose rows count their own steps).
+            optimizer = paddle.optimizer.Adam(
+                learning_rate=lr, beta1=BETA1, beta2=BETA2, epsilon=EPSILON, lazy_mode=True
+            )
+        elif name == "adagrad":
+            optimizer = paddle.optimizer.Adagrad(learning_rate=lr)
+        else:
+            optimizer = paddle.optimizer.SGD(learning_rate=lr)
         if not self.use_ps:
             return optimizer
         strategy = self.fleet.DistributedStrategy()
         strategy.a_sync = self.sync != "sync"
         if self.sync == "geo":
             strategy.a_sync_configs = {"k_steps": cfg.dist.ps.geo_k_steps}
-        # Plain SGD on the tables too, as on torch. Fleet's CPU default for the tables is its
-        # Adam rule whatever the dense optimizer (the_one_ps.py sets SparseNaiveSGDRule for
-        # SGD, then overwrites it). A pushed sparse gradient is multiplied by the rows of the
-        # id tensor (FleetWrapper::PushSparseFromTensorAsync; here batch x 26 ids), so the
-        # rule's rate is divided by them: the same step as torch's SGD on the batch's mean loss.
-        rate = cfg.optim.lr / (cfg.trainer.batch_size * SPARSE_SLOTS)
+        rule = _sparse_rule(cfg, self.sync)
         strategy.sparse_table_configs = {
             table: {
                 f"table_parameters.{table}.accessor.{part}_sgd_param.{key}": value
                 for part in ("embed", "embedx")
-                for key, value in (("name", "SparseNaiveSGDRule"), ("naive.learning_rate", rate))
+                for key, value in rule.items()
             }
             for table in ("deep_table", "wide_table")
         }
@@ -288,9 +327,34 @@ class PaddlePs(PsProgram):
         (prob,) = self.executor.run(self.test, feed=self._feed(batch, with_label=False), fetch_list=[self.prob])
         return np.asarray(prob).reshape(-1)
 
+    def barrier(self) -> None:
+        if self.use_ps:
+            self.fleet.fleet._runtime_handle._worker.client_flush()
+            self.fleet.barrier_worker()
+
+    def save_state(self, folder: Path) -> None:
+        if not self.use_ps:
+            # Every persistable of the program: parameters and the optimizer's accumulators.
+            paddle.static.save(self.main, str(folder / LOCAL_STATE))
+            return
+        # Each server writes its shards of every table (rows with their rule's state, and the
+        # dense tables) under folder, on its own file system (mode 0: everything).
+        self.fleet.fleet._runtime_handle._worker.save_all_model(str(folder), 0)
+
+    def _load(self, folder: Path) -> None:
+        if not self.use_ps:
+            paddle.static.load(self.main, str(folder / LOCAL_STATE), self.executor)
+            return
+        runtime = self.fleet.fleet._runtime_handle
+        if self.role.index == 0:
+            runtime._worker.load_model(str(folder), 0)
+        self.fleet.barrier_worker()
+        if self.pull_dense:
+            self.pull_dense()
+
     def end_training(self) -> None:
         if self.use_ps:
-            self.fleet.barrier_worker()
+            self.barrier()
             if self.pull_dense:
                 self.pull_dense()
 
@@ -321,11 +385,30 @@ class PaddlePs(PsProgram):
                 }
             ),
             "dense": "on the servers",
+            "tables": self._table_rows(),
             # How far the dense tower moved from its initial values, in this trainer's copy after
             # the last pull: in sync mode only the servers' barrier applies dense gradients.
             "dense_moved": self._dense_moved(),
             "traffic": _server_counters(self.fleet.server_endpoints()),
         }
+
+    def _table_rows(self) -> Optional[Dict[str, Any]]:
+        """Rows of the sparse tables as the servers hold them (trainer 0): Fleet's client has no
+        call that returns them (sparse_table_stat only logs), so the deep table, whose rows are
+        the ids seen, is saved into a temporary folder and its rows counted."""
+        if self.role.index != 0:
+            return None
+        runtime = self.fleet.fleet._runtime_handle
+        deep = [
+            c.table_id() for c in runtime._send_ctx.values() if c.is_sparse() and "deep_table" in c.origin_varnames()[0]
+        ]
+        with tempfile.TemporaryDirectory(prefix=".tables-", dir=".") as tmp:
+            runtime._worker.save_one_model(deep[0], tmp, 0)
+            rows = 0
+            for part in Path(tmp).rglob("part-*"):
+                with gzip.open(part, "rt") if part.suffix == ".gz" else open(part) as f:
+                    rows += sum(1 for _ in f)
+        return {"rows": rows, "bytes": None}
 
     def _dense_moved(self) -> float:
         scope = paddle.static.global_scope()
@@ -365,5 +448,5 @@ def _server_counters(endpoints) -> Optional[Dict[str, int]]:
     return totals or None
 
 
-def build(cfg, role: Role) -> PaddlePs:
-    return PaddlePs(cfg, role)
+def build(cfg, role: Role, resume: Optional[Path]) -> PaddlePs:
+    return PaddlePs(cfg, role, resume)

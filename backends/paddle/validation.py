@@ -37,6 +37,14 @@ def check(cfg: Any) -> None:
             f"a paddlepaddle of {'.'.join(map(str, COLLECTIVE_SINCE))} or later with dist.mode=collective (this "
             f"environment has {have}, as the parameter-server environment .venv-ps does; train from .venv)",
         )
+    if cfg.dist.mode == "ps" and cfg.dist.ps.servers > 0 and cfg.optim.name == "adagrad":
+        # the_one_ps.py: "The dense optimizer in PS is only supported SGD or Adam!"
+        raise ConfigError(
+            "optim",
+            "adagrad",
+            "sgd or adam with backend=paddle on parameter servers (Fleet's dense tables have no Adagrad rule; "
+            "dist.ps.servers=0 trains Adagrad in one process)",
+        )
     if cfg.amp.impl == "apex":
         raise ConfigError("amp.impl", "apex", "native with backend=paddle (NVIDIA Apex is a PyTorch extension)")
     check_all_reduce(cfg.dist)

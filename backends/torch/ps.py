@@ -1,24 +1,24 @@
-"""Parameter servers on torch.distributed.rpc, PyTorch's own engine for the pattern.
+"""Parameter servers on torch.distributed.rpc, PyTorch's own engine for the pattern, as in its
+batch-updating parameter-server example (``@rpc.functions.async_execution``).
 
-As in PyTorch's examples: the embedding tables live on the server processes, the dense tower
-is data parallel over the trainers (DistributedDataParallel on a process group of the
-trainers only), and
+The sparse tables live on the server processes (:class:`unitrain.ps.table.SparseTable`: a row
+is created when its id is first seen, and updated by the same rule as Paddle's servers). A
+trainer pulls the batch's unique rows, trains on them as leaves and pushes their gradients.
 
-* async follows "Combining DDP with the Distributed RPC Framework": each server's tables are a
-  ``RemoteModule``; a trainer's step runs inside ``dist_autograd.context()`` and
-  ``DistributedOptimizer`` applies its gradients on the servers as they arrive;
-* sync follows the batch-updating parameter server (``@rpc.functions.async_execution``): a
-  server holds each trainer's sparse gradients until all trainers' arrived, applies their mean
-  once and only then answers.
+* sync: a server holds each trainer's row gradients until every trainer's arrived, applies
+  their mean once and only then answers; the dense tower is data parallel over the trainers
+  (DistributedDataParallel on a process group of the trainers only).
+* async: a server applies each push as it arrives, and the dense tower lives on server 0,
+  pulled before each step and its gradients pushed after it: no trainer waits for another.
 
-Ids are spread over the servers by ``id % servers`` (row ``id // servers`` on that server).
-Geo-SGD has no torch counterpart; the config refuses it.
+Ids are spread over the servers by ``id % servers``. Geo-SGD has no torch counterpart; the
+config refuses it.
 """
 
 from __future__ import annotations
 
-import math
 import threading
+from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
@@ -32,6 +32,7 @@ from unitrain.data.criteo_files import Share
 from unitrain.errors import Refusal, UnitrainError
 from unitrain.interface.ps import PsProgram, Role
 from unitrain.ps.model import EMBED_INIT, tower_init
+from unitrain.ps.table import SparseTable
 
 __all__ = ["build", "engine_problem"]
 
@@ -78,89 +79,148 @@ def _linear(weight: np.ndarray, bias: np.ndarray) -> nn.Linear:
     return layer
 
 
-class Tables(nn.Module):
-    """One server's rows of both tables, as one [rows, dim + 1] lookup (deep | wide)."""
-
-    def __init__(self, rows: int, dim: int, seed: int, index: int):
-        super().__init__()
-        rng = np.random.default_rng((seed, 4, index))
-        self.rows = nn.Embedding(rows, dim + 1, sparse=True)
-        with torch.no_grad():
-            self.rows.weight.copy_(
-                torch.from_numpy(rng.uniform(-EMBED_INIT, EMBED_INIT, (rows, dim + 1)).astype(np.float32))
-            )
-        self.looked_up = 0
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        self.looked_up += len(ids)
-        return self.rows(ids)
+def _dense_optimizer(name: str, params, lr: float) -> torch.optim.Optimizer:
+    return {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}[name](params, lr=lr)
 
 
-def _optimizer_class(name: str):
-    return torch.optim.Adagrad if name == "adagrad" else torch.optim.SGD
+def new_table(cfg) -> SparseTable:
+    """Both tables as one (deep | wide): a row is ``embedding_dim + 1`` values."""
+    return SparseTable(
+        width=cfg.model.embedding_dim + 1,
+        rule=cfg.optim.name,
+        lr=cfg.optim.lr,
+        seed=cfg.trainer.seed,
+        init_scale=EMBED_INIT,
+    )
 
 
 class _Server:
-    """A server's state; RPC handlers are module functions, so it is a module global."""
+    """A server's state; RPC handlers are module functions, so it is a module global. Server 0
+    also holds the dense tower in async mode, where no trainer waits for another."""
 
-    def __init__(self, cfg, role: Role):
-        rows = math.ceil(cfg.model.sparse_buckets / role.servers)
-        self.tables = Tables(rows, cfg.model.embedding_dim, cfg.trainer.seed, role.index)
-        self.optimizer = _optimizer_class(cfg.optim.name)(self.tables.parameters(), lr=cfg.optim.lr)
+    def __init__(self, cfg, role: Role, resume: Optional[Path]):
+        self.index = role.index
+        self.table = new_table(cfg)
+        self.tower: Optional[Tower] = None
+        if role.index == 0 and cfg.dist.ps.sync == "async":
+            self.tower = Tower(cfg)
+            self.tower_optimizer = _dense_optimizer(cfg.optim.name, self.tower.parameters(), cfg.optim.lr)
+        if resume is not None:
+            _load_tables(self.table, resume, role.index, role.servers)
+            if self.tower is not None:
+                _load_dense(resume, self.tower, self.tower_optimizer)
         self.trainers = role.trainers
         self.lock = threading.Lock()
         self.pending: List[tuple] = []
         self.applied = torch.futures.Future()
-        self.updates = 0
-        self.rows_pushed = 0
-        self.rows_pulled = 0
+        self.updates = self.dense_updates = 0
+        self.rows_pushed = self.rows_pulled = 0
 
 
 _SERVER: Optional[_Server] = None
 
 
-def _tables_rref():
-    from torch.distributed import rpc
-
-    return rpc.RRef(_SERVER.tables)
-
-
 def _pull(ids: torch.Tensor) -> torch.Tensor:
-    with torch.no_grad():
+    with _SERVER.lock:
         _SERVER.rows_pulled += len(ids)
-        return _SERVER.tables.rows.weight[ids].clone()
+        return torch.from_numpy(_SERVER.table.pull(ids.numpy()))
 
 
-def _traffic() -> Dict[str, int]:
-    return {
-        "updates": _SERVER.updates,
-        "rows_pushed": _SERVER.rows_pushed,
-        "rows_pulled": _SERVER.rows_pulled + _SERVER.tables.looked_up,
-    }
+def _peek(ids: torch.Tensor) -> torch.Tensor:
+    """Rows for prediction: an id never trained on gets its initial row, and no row is created."""
+    with _SERVER.lock:
+        return torch.from_numpy(_SERVER.table.peek(ids.numpy()))
 
 
-def _push_when_all_arrived(ids: torch.Tensor, grads: torch.Tensor):
-    """Hold a trainer's sparse gradient until every trainer's for this step arrived; then apply
-    their mean once and release all of them."""
+def _push(ids: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, pushed: int) -> None:
+    """Apply one trainer's row gradients as they arrive (async)."""
+    with _SERVER.lock:
+        _SERVER.rows_pushed += len(ids)
+        _SERVER.table.push(ids.numpy(), grads.numpy(), counts.numpy(), pushed)
+        _SERVER.updates += 1
+
+
+def _push_when_all_arrived(ids: torch.Tensor, grads: torch.Tensor, counts: torch.Tensor, pushed: int, trainer: int):
+    """Hold a trainer's row gradients until every trainer's for this step arrived; then apply
+    their mean once and release all of them (sync). Summed in trainer order, not arrival
+    order: the result does not depend on which trainer was first."""
     server = _SERVER
     with server.lock:
-        server.pending.append((ids, grads))
+        server.pending.append((ids, grads, counts, pushed, trainer))
         server.rows_pushed += len(ids)
         applied = server.applied
         if len(server.pending) == server.trainers:
-            weight = server.tables.rows.weight
+            server.pending.sort(key=lambda p: p[4])
             # Each trainer's loss is its own batch's mean: the job's gradient is their mean.
-            all_ids = torch.cat([i for i, _ in server.pending])
-            values = torch.cat([g for _, g in server.pending]) / server.trainers
-            weight.grad = torch.sparse_coo_tensor(
-                all_ids[None], values, weight.shape, check_invariants=False
-            ).coalesce()
-            server.optimizer.step()
-            weight.grad = None
+            all_ids, inverse = torch.unique(torch.cat([p[0] for p in server.pending]), return_inverse=True)
+            grads = torch.zeros(len(all_ids), server.table.width).index_add_(
+                0, inverse, torch.cat([p[1] for p in server.pending])
+            )
+            counts = torch.zeros(len(all_ids), dtype=torch.int64).index_add_(
+                0, inverse, torch.cat([p[2] for p in server.pending])
+            )
+            total = sum(p[3] for p in server.pending)
+            server.table.push(all_ids.numpy(), (grads / server.trainers).numpy(), counts.numpy(), total)
             server.pending, server.applied = [], torch.futures.Future()
             server.updates += 1
             applied.set_result(None)
     return applied
+
+
+def _pull_dense() -> List[torch.Tensor]:
+    with _SERVER.lock:
+        return [p.detach().clone() for p in _SERVER.tower.parameters()]
+
+
+def _push_dense(grads: List[torch.Tensor]) -> None:
+    server = _SERVER
+    with server.lock:
+        for param, grad in zip(server.tower.parameters(), grads):
+            param.grad = grad
+        server.tower_optimizer.step()
+        server.dense_updates += 1
+
+
+TABLE_FILE, DENSE_FILE = "table.{}.npz", "dense.pt"
+
+
+def _save_dense(folder: Path, tower: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    torch.save({"tower": tower.state_dict(), "optimizer": optimizer.state_dict()}, folder / DENSE_FILE)
+
+
+def _load_dense(folder: Path, tower: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    state = torch.load(folder / DENSE_FILE, weights_only=True)
+    tower.load_state_dict(state["tower"])
+    optimizer.load_state_dict(state["optimizer"])
+
+
+def _load_tables(table: SparseTable, folder: Path, index: int, servers: int) -> None:
+    """This server's ids (id modulo the servers) from every server's saved table."""
+    for path in sorted(folder.glob(TABLE_FILE.format("*"))):
+        with np.load(path) as saved:
+            arrays = {k: saved[k] for k in saved.files}
+        table.add(arrays, arrays["ids"] % servers == index)
+
+
+def _save(folder: str) -> None:
+    """A server's table (and server 0's dense tower in async mode) into ``folder``."""
+    server = _SERVER
+    with server.lock:
+        np.savez(Path(folder) / TABLE_FILE.format(server.index), **server.table.arrays())
+        if server.tower is not None:
+            _save_dense(Path(folder), server.tower, server.tower_optimizer)
+
+
+def _stats() -> Dict[str, int]:
+    server = _SERVER
+    return {
+        "updates": server.updates,
+        "dense_updates": server.dense_updates,
+        "rows_pushed": server.rows_pushed,
+        "rows_pulled": server.rows_pulled,
+        "table_rows": server.table.rows,
+        "table_bytes": server.table.nbytes,
+    }
 
 
 def _install_async_execution():
@@ -174,19 +234,22 @@ _install_async_execution()
 
 
 def _split(ids: np.ndarray, servers: int):
-    """For each server, the positions of the batch's ids it holds and their rows there."""
+    """For each server, the positions of the batch's ids it holds (ids are spread by id modulo
+    the servers) and, of those, the unique ids, each occurrence's index among them and each
+    unique id's count."""
     flat = torch.from_numpy(ids.reshape(-1))
     parts = []
     for j in range(servers):
-        positions = torch.nonzero(flat % servers == j).squeeze(1)
-        parts.append((positions, flat[positions] // servers))
+        positions = torch.nonzero(flat % servers == j).squeeze(1) if servers > 1 else torch.arange(len(flat))
+        unique, inverse, counts = torch.unique(flat[positions], return_inverse=True, return_counts=True)
+        parts.append((positions, unique, inverse, counts))
     return parts
 
 
 def _assemble(parts, rows: List[torch.Tensor], batch: int, dim: int):
-    """Rows fetched per server back in batch order: the deep embeddings [B, 26*dim] and the
-    wide part's sum over the slots [B]."""
-    positions = torch.cat([p for p, _ in parts])
+    """Rows (each part's occurrences, in its positions' order) back in batch order: the deep
+    embeddings [B, 26*dim] and the wide part's sum over the slots [B]."""
+    positions = torch.cat([p[0] for p in parts])
     ordered = torch.cat(rows)[torch.argsort(positions)].reshape(batch, SPARSE_SLOTS, dim + 1)
     return ordered[..., :dim].reshape(batch, -1), ordered[..., dim].sum(dim=1)
 
@@ -195,15 +258,15 @@ class _Stream(torch.utils.data.IterableDataset):
     """A trainer's share for torch's DataLoader: each loader worker parses every n-th batch,
     and the loader takes them from the workers in turn, so the order is the share's."""
 
-    def __init__(self, share: Share, batch_size: int):
+    def __init__(self, share: Share, batch_size: int, skip: int):
         super().__init__()
-        self.share, self.batch_size = share, batch_size
+        self.share, self.batch_size, self.skip = share, batch_size, skip
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         try:
-            for batch in self.share.batches(self.batch_size, worker, workers):
+            for batch in self.share.batches(self.batch_size, worker, workers, self.skip):
                 yield batch.dense, batch.sparse, batch.label
         except UnitrainError as err:
             # The loader would wrap it in a worker traceback; the trainer re-raises it as one line.
@@ -211,28 +274,31 @@ class _Stream(torch.utils.data.IterableDataset):
 
 
 class TorchPs(PsProgram):
-    def __init__(self, cfg, role: Role):
+    def __init__(self, cfg, role: Role, resume: Optional[Path]):
         global _SERVER
         self.cfg, self.role, self.dim = cfg, role, cfg.model.embedding_dim
         self.sync = "local" if role.servers == 0 else cfg.dist.ps.sync
-        self.tower: Optional[nn.Module] = None
         self.rpc = None
+        self.pending: List[Any] = []
         if role.servers == 0:
-            self.tables = Tables(cfg.model.sparse_buckets, self.dim, cfg.trainer.seed, 0)
+            self.table = new_table(cfg)
             self.tower = Tower(cfg)
-            params = list(self.tables.parameters()) + list(self.tower.parameters())
-            self.optimizer = _optimizer_class(cfg.optim.name)(params, lr=cfg.optim.lr)
+            self.model = self.tower
+            self.optimizer = _dense_optimizer(cfg.optim.name, self.tower.parameters(), cfg.optim.lr)
+            if resume is not None:
+                _load_tables(self.table, resume, 0, 1)
+                _load_dense(resume, self.tower, self.optimizer)
             return
         from torch.distributed import rpc
 
         self.rpc = rpc
         world = role.servers + role.trainers
         # Every process joins the default group (new_group must be called by all of them); the
-        # trainers' own group carries DDP's all-reduce of the dense tower.
+        # trainers' own group carries the sync mode's all-reduce and the final barrier.
         tdist.init_process_group("gloo", init_method="env://", rank=role.rank, world_size=world)
         self.trainer_group = tdist.new_group(list(range(role.servers, world)))
         if role.kind == "server":
-            _SERVER = _Server(cfg, role)
+            _SERVER = _Server(cfg, role, resume)
         # uv (TCP) alone: TensorPipe's default shared-memory transport keeps a thread spinning
         # at about half a core in every process, idle or not, which a 2-core machine cannot spare.
         # A few RPC threads: 16 by default, for 1-thread processes.
@@ -242,24 +308,18 @@ class TorchPs(PsProgram):
         rpc.init_rpc(f"{role.kind}{role.index}", rank=role.rank, world_size=world, rpc_backend_options=options)
         if role.kind == "server":
             return
-        from torch.nn.parallel import DistributedDataParallel
-
         self.servers = [f"server{j}" for j in range(role.servers)]
         self.tower = Tower(cfg)
-        self.ddp = DistributedDataParallel(self.tower, process_group=self.trainer_group)
-        if self.sync == "async":
-            from torch.distributed.nn import RemoteModule
-            from torch.distributed.optim import DistributedOptimizer
+        if self.sync == "sync":
+            from torch.nn.parallel import DistributedDataParallel
 
-            self.remote = [
-                RemoteModule.init_from_module_rref(f"{s}/cpu", rpc.rpc_sync(s, _tables_rref)) for s in self.servers
-            ]
-            params = [p for m in self.remote for p in m.remote_parameters()] + [
-                rpc.RRef(p) for p in self.ddp.parameters()
-            ]
-            self.optimizer = DistributedOptimizer(_optimizer_class(cfg.optim.name), params, lr=cfg.optim.lr)
+            # The mean of the trainers' dense gradients, applied by each trainer's identical copy.
+            self.model = DistributedDataParallel(self.tower, process_group=self.trainer_group)
+            self.optimizer = _dense_optimizer(cfg.optim.name, self.model.parameters(), cfg.optim.lr)
+            if resume is not None:
+                _load_dense(resume, self.tower, self.optimizer)
         else:
-            self.optimizer = _optimizer_class(cfg.optim.name)(self.ddp.parameters(), lr=cfg.optim.lr)
+            self.model = self.tower  # its values come from server 0 before every step
 
     # --- serving ---------------------------------------------------------------------------
     def run_server(self) -> None:
@@ -269,101 +329,126 @@ class TorchPs(PsProgram):
         self.rpc = None
 
     # --- training --------------------------------------------------------------------------
-    def batches(self, share: Share, batch_size: int, workers: int) -> Iterator[CtrData]:
+    def batches(self, share: Share, batch_size: int, workers: int, skip: int = 0) -> Iterator[CtrData]:
         if workers == 0:
-            yield from share.batches(batch_size)
+            yield from share.batches(batch_size, skip=skip)
             return
-        loader = torch.utils.data.DataLoader(_Stream(share, batch_size), batch_size=None, num_workers=workers)
+        loader = torch.utils.data.DataLoader(_Stream(share, batch_size, skip), batch_size=None, num_workers=workers)
         for item in loader:
             if isinstance(item, str):
                 raise Refusal(item)
             yield CtrData(*(t.numpy() for t in item))
 
-    def _lookup_remote_async(self, ids: np.ndarray, batch: int):
-        parts = _split(ids, len(self.servers))
-        futures = [m.forward_async(rows) for m, (_, rows) in zip(self.remote, parts)]
-        return _assemble(parts, [f.wait() for f in futures], batch, self.dim)
+    def _rows(self, parts, train: bool) -> List[torch.Tensor]:
+        """Each part's unique rows, from this process's table or its server."""
+        if self.rpc is None:
+            get = self.table.pull if train else self.table.peek
+            return [torch.from_numpy(get(unique.numpy())) for _, unique, _, _ in parts]
+        handler = _pull if train else _peek
+        futures = [self.rpc.rpc_async(s, handler, args=(unique,)) for s, (_, unique, _, _) in zip(self.servers, parts)]
+        return [f.wait() for f in futures]
 
     def train_batch(self, batch: CtrData) -> float:
+        self._check_pushes()
         dense, labels, n = torch.from_numpy(batch.dense), torch.from_numpy(batch.label), len(batch)
-        if self.sync == "local":
-            embedded, wide = _assemble(*self._local_parts(batch.sparse), n, self.dim)
-            loss = F.binary_cross_entropy_with_logits(self.tower(dense, embedded, wide), labels)
-            self.optimizer.zero_grad()
-            loss.backward()
-            self.optimizer.step()
-            return float(loss)
+        parts = _split(batch.sparse, len(self.servers) if self.rpc else 1)
         if self.sync == "async":
-            import torch.distributed.autograd as dist_autograd
-
-            with dist_autograd.context() as context:
-                embedded, wide = self._lookup_remote_async(batch.sparse, n)
-                loss = F.binary_cross_entropy_with_logits(self.ddp(dense, embedded, wide), labels)
-                dist_autograd.backward(context, [loss])
-                self.optimizer.step(context)
+            pulled_dense = self.rpc.rpc_async(self.servers[0], _pull_dense)
+        leaves = [rows.requires_grad_() for rows in self._rows(parts, train=True)]
+        if self.sync == "async":
+            with torch.no_grad():
+                for param, value in zip(self.tower.parameters(), pulled_dense.wait()):
+                    param.copy_(value)
+        embedded, wide = _assemble(parts, [leaf[p[2]] for leaf, p in zip(leaves, parts)], n, self.dim)
+        loss = F.binary_cross_entropy_with_logits(self.model(dense, embedded, wide), labels)
+        self.tower.zero_grad()
+        loss.backward()  # sync: DDP all-reduces the tower's gradients over the trainers here
+        pushed = batch.sparse.size
+        if self.sync == "async":
+            self.pending = [
+                self.rpc.rpc_async(self.servers[0], _push_dense, args=([p.grad for p in self.tower.parameters()],)),
+                *(
+                    self.rpc.rpc_async(s, _push, args=(p[1], leaf.grad, p[3], pushed))
+                    for s, p, leaf in zip(self.servers, parts, leaves)
+                ),
+            ]
             return float(loss)
-        # sync: pull the batch's unique rows, train on them as leaves, push their gradients.
-        parts = _split(batch.sparse, len(self.servers))
-        uniques = [torch.unique(rows, return_inverse=True) for _, rows in parts]
-        pulled = [self.rpc.rpc_async(s, _pull, args=(u,)) for s, (u, _) in zip(self.servers, uniques)]
-        leaves = [f.wait().requires_grad_() for f in pulled]
-        rows = [leaf[inverse] for leaf, (_, inverse) in zip(leaves, uniques)]
-        embedded, wide = _assemble(parts, rows, n, self.dim)
-        loss = F.binary_cross_entropy_with_logits(self.ddp(dense, embedded, wide), labels)
-        self.optimizer.zero_grad()
-        loss.backward()  # DDP all-reduces the tower's gradients over the trainers here
         self.optimizer.step()
-        pushed = [
-            self.rpc.rpc_async(s, _push_when_all_arrived, args=(u, leaf.grad))
-            for s, (u, _), leaf in zip(self.servers, uniques, leaves)
-        ]
-        for f in pushed:
+        if self.rpc is None:
+            self.table.push(parts[0][1].numpy(), leaves[0].grad.numpy(), parts[0][3].numpy(), pushed)
+            return float(loss)
+        for f in [
+            self.rpc.rpc_async(s, _push_when_all_arrived, args=(p[1], leaf.grad, p[3], pushed, self.role.index))
+            for s, p, leaf in zip(self.servers, parts, leaves)
+        ]:
             f.wait()
         return float(loss)
 
-    def _local_parts(self, ids: np.ndarray):
-        flat = torch.from_numpy(ids.reshape(-1))
-        return [(torch.arange(len(flat)), flat)], [self.tables(flat)]
+    def _check_pushes(self) -> None:
+        """Async: the last step's pushes were sent without waiting; a failed one is raised here."""
+        for f in self.pending:
+            f.wait()
+        self.pending = []
 
     def predict(self, batch: CtrData) -> np.ndarray:
         dense, n = torch.from_numpy(batch.dense), len(batch)
+        parts = _split(batch.sparse, len(self.servers) if self.rpc else 1)
         with torch.no_grad():
-            if self.sync == "local":
-                embedded, wide = _assemble(*self._local_parts(batch.sparse), n, self.dim)
-            else:
-                parts = _split(batch.sparse, len(self.servers))
-                rows = [
-                    f.wait()
-                    for f in [self.rpc.rpc_async(s, _pull, args=(r,)) for s, (_, r) in zip(self.servers, parts)]
-                ]
-                embedded, wide = _assemble(parts, rows, n, self.dim)
+            rows = [r[p[2]] for r, p in zip(self._rows(parts, train=False), parts)]
+            embedded, wide = _assemble(parts, rows, n, self.dim)
             return torch.sigmoid(self.tower(dense, embedded, wide)).numpy()
 
-    def end_training(self) -> None:
+    def barrier(self) -> None:
         if self.rpc is not None:
+            self._check_pushes()
             tdist.barrier(group=self.trainer_group)
+
+    def save_state(self, folder: Path) -> None:
+        if self.rpc is None:
+            np.savez(folder / TABLE_FILE.format(0), **self.table.arrays())
+            _save_dense(folder, self.tower, self.optimizer)
+            return
+        for server in self.servers:
+            self.rpc.rpc_sync(server, _save, args=(str(folder),))
+        if self.sync == "sync":
+            _save_dense(folder, self.tower, self.optimizer)
+
+    def end_training(self) -> None:
+        if self.rpc is None:
+            return
+        self.barrier()
+        if self.sync == "async":
+            # Evaluate the servers' final tower, not this trainer's copy from before its last push.
+            with torch.no_grad():
+                for param, value in zip(self.tower.parameters(), self.rpc.rpc_sync(self.servers[0], _pull_dense)):
+                    param.copy_(value)
 
     def observed(self) -> Dict[str, Any]:
         if self.rpc is None:
-            return {"engine": "none (one process)", "sync": "local"}
-        traffic = [self.rpc.rpc_sync(s, _traffic) for s in self.servers]
-        # Counted on the servers: rows sent to trainers, rows of gradient received and updates
-        # applied in sync mode (each held every trainer's gradients). In async mode
-        # DistributedOptimizer applies the gradients itself, and torch does not count them.
+            return {
+                "engine": "none (one process)",
+                "sync": "local",
+                "sparse_rule": self.cfg.optim.name,
+                "tables": {"rows": self.table.rows, "bytes": self.table.nbytes},
+            }
+        stats = [self.rpc.rpc_sync(s, _stats) for s in self.servers]
+
+        def total(key: str) -> int:
+            return sum(t[key] for t in stats)
+
+        # Counted on the servers: rows sent to trainers, rows of gradient received, updates
+        # applied (sync: each held every trainer's gradients), the rows their tables created.
         return {
             "engine": f"torch.distributed.rpc (TensorPipe), torch {torch.__version__}",
             "sync": self.sync,
-            "dense": "DistributedDataParallel over the trainers",
+            "sparse_rule": self.cfg.optim.name,
+            "dense": "DistributedDataParallel over the trainers" if self.sync == "sync" else "on server 0",
+            "tables": {"rows": total("table_rows"), "bytes": total("table_bytes")},
             "traffic": {
-                "rows_pulled": sum(t["rows_pulled"] for t in traffic),
-                **(
-                    {
-                        "rows_pushed": sum(t["rows_pushed"] for t in traffic),
-                        "synchronous_updates": sum(t["updates"] for t in traffic),
-                    }
-                    if self.sync == "sync"
-                    else {}
-                ),
+                "rows_pulled": total("rows_pulled"),
+                "rows_pushed": total("rows_pushed"),
+                ("synchronous_updates" if self.sync == "sync" else "sparse_updates"): total("updates"),
+                **({"dense_updates": total("dense_updates")} if self.sync == "async" else {}),
             },
         }
 
@@ -375,5 +460,5 @@ class TorchPs(PsProgram):
             tdist.destroy_process_group()
 
 
-def build(cfg, role: Role) -> TorchPs:
-    return TorchPs(cfg, role)
+def build(cfg, role: Role, resume: Optional[Path]) -> TorchPs:
+    return TorchPs(cfg, role, resume)

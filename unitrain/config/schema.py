@@ -75,6 +75,9 @@ Order = _choice("Order", "global", "shard")
 class OptimName(Choice):
     momentum = "momentum"
     sgd = "sgd"
+    # Parameter-server jobs only: the sparse tables' rules are Paddle's servers' (unitrain/ps/table.py).
+    adagrad = "adagrad"
+    adam = "adam"
 
 
 class Schedule(Choice):
@@ -141,7 +144,7 @@ PS_MODELS = ("wide_deep",)
 PS_DATASETS = ("criteo", "criteo_synthetic")
 # Plain SGD: both engines apply it on the servers (Paddle's dense tables take only SGD or Adam,
 # and torch's Adam takes no sparse gradients).
-PS_OPTIMIZERS = ("sgd",)
+PS_OPTIMIZERS = ("sgd", "adagrad", "adam")
 
 
 @dataclass

@@ -149,10 +149,13 @@ class FileRows:
     def rows(self) -> int:
         return sum(s.rows for s in self.segments)
 
-    def batches(self, batch_size: int, worker: int = 0, workers: int = 1) -> Iterator[CtrData]:
-        """Batches ``worker, worker+workers, ...`` of the share's whole batches: loader workers
-        each parse their own, and taken in turn they are the share's batches in order."""
+    def batches(self, batch_size: int, worker: int = 0, workers: int = 1, skip: int = 0) -> Iterator[CtrData]:
+        """Batches ``skip+worker, skip+worker+workers, ...`` of the share's whole batches: loader
+        workers each parse their own, and taken in turn they are the share's batches in order.
+        The ``skip`` batches before them are read past, not parsed."""
         lines = numbered_lines(self.segments)
+        for _ in islice(lines, skip * batch_size):
+            pass
         index = 0
         while True:
             batch = list(islice(lines, batch_size))
@@ -170,7 +173,7 @@ class Share(Protocol):
     @property
     def rows(self) -> int: ...
 
-    def batches(self, batch_size: int, worker: int = 0, workers: int = 1) -> Iterator[CtrData]: ...
+    def batches(self, batch_size: int, worker: int = 0, workers: int = 1, skip: int = 0) -> Iterator[CtrData]: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,8 +184,8 @@ class MemoryRows:
     def rows(self) -> int:
         return len(self.data)
 
-    def batches(self, batch_size: int, worker: int = 0, workers: int = 1) -> Iterator[CtrData]:
-        for index, batch in enumerate(self.data.batches(batch_size)):
+    def batches(self, batch_size: int, worker: int = 0, workers: int = 1, skip: int = 0) -> Iterator[CtrData]:
+        for index, batch in enumerate(self.data.rows(slice(skip * batch_size, None)).batches(batch_size)):
             if index % workers == worker:
                 yield batch
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import resource
 from typing import Optional
 
 # The frameworks' out-of-memory errors: torch.OutOfMemoryError / "CUDA out of memory" / its CPU
@@ -27,3 +28,8 @@ def available_mb() -> Optional[float]:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)  # KiB on Linux

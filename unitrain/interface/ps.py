@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Protocol, cast
 
 import numpy as np
@@ -46,10 +47,10 @@ class PsProgram(ABC):
         """Serve parameters until the trainers are done (servers only)."""
         raise NotImplementedError
 
-    def batches(self, share: Share, batch_size: int, workers: int) -> Iterable[CtrData]:
-        """The trainer's batches in order, parsed by up to ``workers`` loader workers (data.num_workers);
-        by default in the trainer's own thread."""
-        return share.batches(batch_size)
+    def batches(self, share: Share, batch_size: int, workers: int, skip: int = 0) -> Iterable[CtrData]:
+        """The trainer's batches in order from batch ``skip``, parsed by up to ``workers`` loader
+        workers (data.num_workers); by default in the trainer's own thread."""
+        return share.batches(batch_size, skip=skip)
 
     @abstractmethod
     def train_batch(self, batch: CtrData) -> float:
@@ -58,6 +59,14 @@ class PsProgram(ABC):
     @abstractmethod
     def predict(self, batch: CtrData) -> np.ndarray:
         """Click probabilities for ``batch`` with the current parameters, without training."""
+
+    def barrier(self) -> None:
+        """Trainers only: send what this trainer still holds, then wait for the other trainers."""
+
+    def save_state(self, folder: Path) -> None:
+        """Trainer 0, while the others wait: the servers' tables (rows and their rules' state)
+        and the dense tower with its optimizer, into ``folder``."""
+        raise NotImplementedError
 
     def end_training(self) -> None:
         """After a trainer's last step: wait for the other trainers, so that what is evaluated
@@ -75,8 +84,9 @@ class PsModule(Protocol):
     def engine_problem(self) -> Optional[str]:
         """Why the installed framework cannot run a parameter-server job, or None."""
 
-    def build(self, cfg: Any, role: Role) -> PsProgram:
-        """This process's part of the job (a UnitrainConfig with dist.mode=ps)."""
+    def build(self, cfg: Any, role: Role, resume: Optional[Path]) -> PsProgram:
+        """This process's part of the job (a UnitrainConfig with dist.mode=ps), its state read
+        from the checkpoint ``resume`` (written by ``save_state``) before it serves or trains."""
 
 
 def ps_module(backend: str) -> PsModule:

@@ -104,6 +104,8 @@ def _scaffolding(p: Path) -> bool:
             ("workerlog.", "serverlog.", "envlog.", "backup_env.")
         )  # Paddle's launcher writes the last two
         or (p.name == "metrics.jsonl" and p.stat().st_size == 0)
+        # A parameter server's own record (its peak memory), written whenever it stops serving.
+        or (p.name == "ps" and p.is_dir() and all(f.name.startswith("server") for f in p.iterdir()))
     )
 
 

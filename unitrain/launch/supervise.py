@@ -38,6 +38,7 @@ from unitrain.launch.workers import (
     stop_everything,
     worker_statuses,
 )
+from unitrain.ps import checkpoint as ps_checkpoint
 from unitrain.ps.job import summarize
 
 log = logging.getLogger("unitrain")
@@ -245,9 +246,13 @@ def launch_ps(cfg: UnitrainConfig, run_dir: str | Path) -> Dict[str, Any]:
     if problem:
         raise UnitrainError(problem)
     check_before_launch(cfg)
-    if cfg.data.path:
-        # The job runs in its run directory (below), where relative paths would not resolve.
-        cfg.data.path = os.path.abspath(cfg.data.path)
+    # The job runs in its run directory (below), where relative paths would not resolve.
+    for key in ("path", "val_path"):
+        if getattr(cfg.data, key):
+            setattr(cfg.data, key, os.path.abspath(getattr(cfg.data, key)))
+    resumed = ps_checkpoint.find(cfg, run_dir)  # here, so that a bad one is refused once
+    if resumed:
+        cfg.trainer.resume = str(resumed.path)
     config_file = write_worker_config(cfg, run_dir)
     if cfg.dist.ps.servers:
         command = launcher_command(launcher, cfg, run_dir, config_file)

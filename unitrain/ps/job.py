@@ -28,10 +28,14 @@ import numpy as np
 from unitrain.data.criteo import CtrData, auc, log_loss
 from unitrain.errors import ConfigError, UnitrainError
 from unitrain.host import machine
+from unitrain.host.atomic import replace_text
+from unitrain.host.memory import peak_rss_mb
 from unitrain.interface.backend import get_backend
 from unitrain.interface.launch import launch_module
 from unitrain.interface.ps import PsProgram, Role, ps_module
-from unitrain.ps.data import job_data
+from unitrain.ps import checkpoint
+from unitrain.ps.checkpoint import Resumed
+from unitrain.ps.data import JobData, job_data
 
 log = logging.getLogger("unitrain")
 
@@ -107,34 +111,48 @@ def _steps_per_epoch(cfg: Any, smallest: int) -> int:
     return steps
 
 
-def train(cfg: Any, program: PsProgram, role: Role, run_dir: Path, describe: Dict[str, Any]) -> Dict[str, Any]:
-    """The loop of one trainer; trainer 0 also evaluates and writes metrics.jsonl."""
+@dataclass(kw_only=True)
+class _Job:
+    """One trainer's run: its program, rows, step counts and records."""
+
+    cfg: Any
+    program: PsProgram
+    role: Role
+    run_dir: Path
+    data: JobData
+    steps_per_epoch: int
+    out: _Records
+
+    @property
+    def total(self) -> int:
+        return self.steps_per_epoch * self.cfg.trainer.epochs
+
+
+def train(
+    cfg: Any, program: PsProgram, role: Role, run_dir: Path, describe: Dict[str, Any], resumed: Optional[Resumed]
+) -> Dict[str, Any]:
+    """The loop of one trainer; trainer 0 also evaluates, writes metrics.jsonl and checkpoints."""
     first = role.index == 0
     data = job_data(cfg, role.index, role.trainers, held_out=first)
-    batch_size, every = cfg.trainer.batch_size, cfg.trainer.eval_every
     steps_per_epoch = _steps_per_epoch(cfg, data.smallest)
-    total = steps_per_epoch * cfg.trainer.epochs
-    log.info("%s: %d of %d rows, %d steps of %d", role.name, data.share.rows, data.rows, total, batch_size)
+    if resumed:
+        checkpoint.check_epoch(resumed, steps_per_epoch)
     out = _Records(role=role, file=open(run_dir / "metrics.jsonl", "w", encoding="utf-8") if first else None)
-    step = 0
+    job = _Job(
+        cfg=cfg, program=program, role=role, run_dir=run_dir, data=data, steps_per_epoch=steps_per_epoch, out=out
+    )
+    start = resumed.step if resumed else 0
+    log.info(
+        "%s: %d of %d rows, %d steps of %d%s",
+        role.name,
+        data.share.rows,
+        data.rows,
+        job.total,
+        cfg.trainer.batch_size,
+        f", resumed after step {start} from {resumed.path}" if resumed else "",
+    )
     try:
-        for epoch in range(cfg.trainer.epochs):
-            batches = program.batches(data.share, batch_size, cfg.data.num_workers)
-            for _, batch in zip(range(steps_per_epoch), batches):
-                step += 1
-                out.step(_train_step(program, batch, step, epoch, cfg, role))
-                if step % cfg.trainer.log_every == 0 or step == total:
-                    log.info(
-                        "%s step %d/%d  loss %.4f  %.0f examples/s",
-                        role.name,
-                        step,
-                        total,
-                        out.steps[-1]["loss"],
-                        out.steps[-1]["ips"],
-                    )
-                if data.held_out is not None and every and step % every == 0 and step < total:
-                    out.evaluate(program, data.held_out, cfg.trainer.eval_batch_size, step)
-            del batches  # its loader workers end with it
+        step = _epochs(job, start)
         train_time = time.perf_counter() - out.started - out.eval_time
         program.end_training()
         if data.held_out is not None:
@@ -142,7 +160,45 @@ def train(cfg: Any, program: PsProgram, role: Role, run_dir: Path, describe: Dic
     finally:
         if out.file:
             out.file.close()
-    return _trainer_result(out, program, role, run_dir, describe, data.share.rows, batch_size, train_time)
+    result = _trainer_result(out, program, role, describe, data.share.rows, cfg.trainer.batch_size, train_time)
+    result["resumed_from"] = {"path": str(resumed.path), "step": start} if resumed else None
+    _write_result(run_dir, role, result)
+    return result
+
+
+def _epochs(job: _Job, start: int) -> int:
+    """Steps ``start+1 .. total``, the batches of each epoch from where ``start`` left it."""
+    cfg, out, step = job.cfg, job.out, start
+    for epoch in range(start // job.steps_per_epoch, cfg.trainer.epochs):
+        skip = step - epoch * job.steps_per_epoch
+        batches = job.program.batches(job.data.share, cfg.trainer.batch_size, cfg.data.num_workers, skip)
+        for _, batch in zip(range(job.steps_per_epoch - skip), batches):
+            step += 1
+            out.step(_train_step(job.program, batch, step, epoch, cfg, job.role))
+            _after_step(job, step)
+        del batches  # its loader workers end with it
+    return step
+
+
+def _after_step(job: _Job, step: int) -> None:
+    cfg, out = job.cfg, job.out
+    if step % cfg.trainer.log_every == 0 or step == job.total:
+        record = out.steps[-1]
+        log.info(
+            "%s step %d/%d  loss %.4f  %.0f examples/s", job.role.name, step, job.total, record["loss"], record["ips"]
+        )
+    every = cfg.trainer.eval_every
+    if job.data.held_out is not None and every and step % every == 0 and step < job.total:
+        out.evaluate(job.program, job.data.held_out, cfg.trainer.eval_batch_size, step)
+    save_every = cfg.trainer.checkpoint_every
+    if save_every and (step % save_every == 0 or step == job.total):
+        tick = time.perf_counter()
+        job.program.barrier()
+        if job.role.index == 0:
+            path = checkpoint.save(job.run_dir, cfg, job.program, step, job.steps_per_epoch)
+            log.info("checkpoint of step %d: %s", step, path)
+        job.program.barrier()
+        out.eval_time += time.perf_counter() - tick  # not training time either
 
 
 def _train_step(program: PsProgram, batch: CtrData, step: int, epoch: int, cfg: Any, role: Role) -> Dict[str, float]:
@@ -158,7 +214,6 @@ def _trainer_result(
     out: _Records,
     program: PsProgram,
     role: Role,
-    run_dir: Path,
     describe: Dict[str, Any],
     rows: int,
     batch_size: int,
@@ -180,11 +235,15 @@ def _trainer_result(
         "first_loss": records[0]["loss"],
         "eval": out.evals[-1] if out.evals else None,
         "observed": program.observed(),
+        "peak_rss_mb": peak_rss_mb(),
     }
+    return result
+
+
+def _write_result(run_dir: Path, role: Role, result: Dict[str, Any]) -> None:
     folder = run_dir / RESULTS
     folder.mkdir(exist_ok=True)
-    (folder / f"trainer{role.index}.json").write_text(json.dumps(result, indent=2) + "\n")
-    return result
+    replace_text(folder / f"{role.kind}{role.index}.json", json.dumps(result, indent=2) + "\n")
 
 
 def run_process(cfg, run_dir: Path, role: Role) -> None:
@@ -192,14 +251,25 @@ def run_process(cfg, run_dir: Path, role: Role) -> None:
     backend = get_backend(cfg.backend.name)
     backend.set_threads(cfg.trainer.threads)
     backend.seed(cfg.trainer.seed)
-    program = ps_module(cfg.backend.name).build(cfg, role)
+    resumed = checkpoint.find(cfg, run_dir)
+    program = ps_module(cfg.backend.name).build(cfg, role, resumed.path if resumed else None)
     try:
         if role.kind == "server":
             program.run_server()
+            _write_result(run_dir, role, {"role": role.name, "peak_rss_mb": peak_rss_mb()})
         else:
-            train(cfg, program, role, run_dir, backend.describe())
+            train(cfg, program, role, run_dir, backend.describe(), resumed)
     finally:
         program.close()
+
+
+def _server_memory(run_dir: Path, servers: int) -> List[Optional[float]]:
+    """Each server's peak RSS, as it wrote it when it stopped serving (None: it did not)."""
+    out = []
+    for i in range(servers):
+        path = run_dir / RESULTS / f"server{i}.json"
+        out.append(json.loads(path.read_text())["peak_rss_mb"] if path.exists() else None)
+    return out
 
 
 def summarize(cfg, run_dir: Path, wall: float) -> Dict[str, Any]:
@@ -235,7 +305,15 @@ def summarize(cfg, run_dir: Path, wall: float) -> Dict[str, Any]:
         "first_loss": first["first_loss"],
         "final_loss": statistics.fmean(r["final_loss"] for r in results),
         "eval": first["eval"],
+        "resumed_from": first.get("resumed_from"),
         "observed": first["observed"],
+        # What the servers' tables hold at the end (rows created, bytes of rows and their
+        # optimizer state), as the engine reports it.
+        "tables": first["observed"].get("tables"),
+        "memory": {
+            "trainer_peak_rss_mb": [r["peak_rss_mb"] for r in results],
+            "server_peak_rss_mb": _server_memory(run_dir, ps.servers),
+        },
         "wall_time_s": wall,
         "cpu": machine.cpu(),
     }

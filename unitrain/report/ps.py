@@ -17,6 +17,8 @@ SMOOTH = 20  # steps in the plotted moving mean
 NOTE = (
     "examples/s: median over steps (the first 2 left out), per trainer and summed over trainers. "
     "AUC and log loss on held-out rows, evaluated by trainer 0 after every trainer finished. "
+    "Table rows: the rows the servers' sparse tables created (an id's row is created when it is first seen). "
+    "Peak RSS: each process's own peak resident memory. "
     "Traffic: what the engine reports (Paddle) or unitrain counts on the servers (torch). "
     "Anchor: Paddle's own CTR-DNN benchmark on Criteo lost AUC as async trainers grew (0.7938 with 5, 0.7896 with 20)."
 )
@@ -46,6 +48,17 @@ def _traffic(summary: Dict[str, Any]) -> str:
     )
 
 
+def _memory(summary: Dict[str, Any]) -> str:
+    memory = summary.get("memory")
+    if not memory:
+        return "n/a"
+
+    def listed(values) -> str:
+        return ", ".join("n/a" if v is None else f"{v:.0f}" for v in values) or "-"
+
+    return f"{listed(memory['server_peak_rss_mb'])} / {listed(memory['trainer_peak_rss_mb'])}"
+
+
 def rows(found: List[Tuple[Path, Dict[str, Any]]]) -> List[Dict[str, str]]:
     out = []
     for _, s in found:
@@ -63,6 +76,9 @@ def rows(found: List[Tuple[Path, Dict[str, Any]]]) -> List[Dict[str, str]]:
                 "held-out AUC": f"{evaluation['val_auc']:.4f}" if evaluation else "n/a",
                 "held-out log loss": f"{evaluation['val_logloss']:.4f}" if evaluation else "n/a",
                 "train loss first -> last": f"{s['first_loss']:.4f} -> {s['final_loss']:.4f}",
+                "optimizer": s.get("optimizer", "n/a"),
+                "table rows": f"{s['tables']['rows']:,}" if s.get("tables") else "n/a",
+                "peak RSS MB servers / trainers": _memory(s),
                 "traffic": _traffic(s),
             }
         )

@@ -4,13 +4,13 @@ the trace's top operators, skipped files, held-out results."""
 from __future__ import annotations
 
 import logging
-import resource
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import numpy as np
 
 from unitrain.data.datasets import skipped_files
+from unitrain.host.memory import peak_rss_mb
 from unitrain.interface.backend import Backend, Native
 from unitrain.interface.distributed import DistributedContext
 from unitrain.interface.profiler import Tracer
@@ -22,7 +22,7 @@ log = logging.getLogger("unitrain")
 
 def peak_memory(backend: Backend, dist: DistributedContext) -> Dict[str, Any]:
     """Peak memory of every rank: host RSS, and the framework's device peak on accelerators."""
-    host = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    host = peak_rss_mb()
     device = backend.peak_device_memory_mb(dist.device)
     own = np.zeros((2, dist.world_size))
     own[:, dist.rank] = host, device if device is not None else np.nan
