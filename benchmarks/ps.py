@@ -1,12 +1,15 @@
-"""Parameter-server training on both frameworks, side by side in one run: README's table.
+"""Parameter-server training on both frameworks, side by side in one run.
 
-    python benchmarks/ps.py [--rows 40000] [--repeats 3] [--out benchmarks/results/ps]
+    python benchmarks/ps.py [--rows 40000] [--repeats 3] [--trainers 2] [--out benchmarks/results/ps]
 
-For each framework: the one-process baseline (no servers) and 1 server + 2 trainers in every
-mode its engine runs (torch: sync, async; Paddle: sync, async, geo), on the same seeded synthetic
-Criteo rows, interleaved repeat by repeat. Paddle's jobs run from the parameter-server
+For each framework: the one-process baseline (no servers) and 1 server + T trainers (each of
+``--trainers``) in every mode its engine runs (torch: sync, async; Paddle: sync, async, geo), on
+the same seeded synthetic Criteo rows, interleaved repeat by repeat: each repeat runs the
+baseline, then every layout, so each layout's examples/s over the baseline's is one interleaved
+pair, summarized as a median with its 95% interval. Paddle's jobs run from the parameter-server
 environment (.venv-ps, paddlepaddle 3.0.0; `make ps-env`), torch's from this one. Writes
-ps.json (every run's summary), ps.md (medians with min-max over repeats, CPU flags) and ps.png.
+ps.json (every run's summary), ps.md (medians with min-max over repeats, ratios with intervals,
+CPU flags) and ps.png.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from unitrain.host import machine  # noqa: E402 - after the path above
 from unitrain.report import ps as ps_report  # noqa: E402
+from unitrain.report.intervals import how_pairs_ran, ratio_summary, ratio_text  # noqa: E402
 
 JOBS = [
     ("torch", "local"),
@@ -35,6 +39,7 @@ JOBS = [
     ("paddle", "async"),
     ("paddle", "geo"),
 ]
+LOCAL = "local"
 
 
 def python_for(backend: str) -> str:
@@ -46,8 +51,12 @@ def python_for(backend: str) -> str:
     return sys.executable
 
 
-def run(backend: str, mode: str, rows: int, val_rows: int, seed: int, run_dir: Path) -> dict:
-    layout = ["dist.ps.servers=0", "dist.ps.trainers=1"] if mode == "local" else [f"dist.ps.sync={mode}"]
+def run(backend: str, mode: str, rows: int, val_rows: int, seed: int, run_dir: Path, trainers: int = 2) -> dict:
+    layout = (
+        ["dist.ps.servers=0", "dist.ps.trainers=1"]
+        if mode == LOCAL
+        else [f"dist.ps.sync={mode}", f"dist.ps.trainers={trainers}"]
+    )
     args = [
         "-m",
         "unitrain",
@@ -60,7 +69,7 @@ def run(backend: str, mode: str, rows: int, val_rows: int, seed: int, run_dir: P
         "trainer.log_every=100",
         f"hydra.run.dir={run_dir}",
     ]
-    print(f"{backend} {mode} (seed {seed})", flush=True)
+    print(f"{backend} {mode} x{trainers if mode != LOCAL else 1} (seed {seed})", flush=True)
     done = subprocess.run([python_for(backend), *args], cwd=run_dir.parent, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"benchmarks/ps.py: {backend} {mode} failed:\n{done.stderr[-3000:]}")
@@ -78,10 +87,14 @@ def spread(values) -> str:
 def table(results: dict, repeats: int) -> str:
     lines = [
         "| backend | framework | mode | servers x trainers | examples/s total, median (min-max) | per trainer "
-        "(median) | held-out AUC, median (min-max) | held-out log loss (median) |",
-        "|---|---|---|---|---|---|---|---|",
+        "(median) | examples/s over one process (pairs) | held-out AUC, median (min-max) | "
+        "held-out log loss (median) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for (backend, mode), runs in results.items():
+    for (backend, mode, _), runs in results.items():
+        baseline = results.get((backend, LOCAL, 1))
+        ratios = [r["examples_per_s"] / b["examples_per_s"] for r, b in zip(runs, baseline)] if baseline else []
+        ratio = ratio_text(ratio_summary(ratios)) if len(ratios) > 1 and mode != LOCAL else "-"
         s = runs[0]
         speeds = [r["examples_per_s"] for r in runs]
         aucs = [r["eval"]["val_auc"] for r in runs]
@@ -92,7 +105,7 @@ def table(results: dict, repeats: int) -> str:
         lines.append(
             f"| {backend} | {s['framework']} {s['version']} | {label} | {s['servers']} x {s['trainers']} | "
             f"{spread(speeds)} | "
-            f"{', '.join(f'{v:.0f}' for v in per_trainer)} | {statistics.median(aucs):.4f} "
+            f"{', '.join(f'{v:.0f}' for v in per_trainer)} | {ratio} | {statistics.median(aucs):.4f} "
             f"({min(aucs):.4f}-{max(aucs):.4f}) | "
             f"{statistics.median(r['eval']['val_logloss'] for r in runs):.4f} |"
         )
@@ -104,9 +117,9 @@ def table(results: dict, repeats: int) -> str:
         "repeat), jobs "
         f"interleaved; {s['rows']:,} training rows, held-out rows evaluated by trainer 0 after all trainers finished; "
         "batch "
-        f"{s['batch_size']} per trainer, SGD lr {s['lr']}. Threads: the cores split over the processes (1 process: 2 "
-        "threads; "
-        f"3 processes: 1 each). CPU: {machine.describe_cpu(cpu, {})}.",
+        f"{s['batch_size']} per trainer, SGD lr {s['lr']}. Threads: the cores split over the processes (1 process: all "
+        f"of them; more: one each). Ratios: a layout's total examples/s over the one-process baseline's of the same "
+        f"repeat. {how_pairs_ran()} CPU: {machine.describe_cpu(cpu, {})}.",
     ]
     return "\n".join(lines)
 
@@ -117,22 +130,27 @@ def main() -> int:
     parser.add_argument("--val-rows", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--jobs", default=",".join(f"{b}:{m}" for b, m in JOBS), help="backend:mode,... (default: all)")
+    parser.add_argument("--trainers", default="2", help="trainer counts of the server layouts, e.g. 1,2,4")
     parser.add_argument("--out", default=str(HERE / "results" / "ps"))
     args = parser.parse_args()
-    jobs = [tuple(j.split(":")) for j in args.jobs.split(",")]
+    counts = [int(t) for t in args.trainers.split(",")]
+    jobs = [(b, m, t) for b, m in (j.split(":") for j in args.jobs.split(",")) for t in ([1] if m == LOCAL else counts)]
     results: dict = {job: [] for job in jobs}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="unitrain-bench-ps-") as tmp:
         found = []
         for seed in range(1, args.repeats + 1):
-            for backend, mode in jobs:
-                run_dir = Path(tmp) / f"{backend}_{mode}_{seed}"
-                results[(backend, mode)].append(run(backend, mode, args.rows, args.val_rows, seed, run_dir))
+            for backend, mode, trainers in jobs:
+                run_dir = Path(tmp) / f"{backend}_{mode}_{trainers}_{seed}"
+                summary = run(backend, mode, args.rows, args.val_rows, seed, run_dir, trainers)
+                results[(backend, mode, trainers)].append(summary)
                 if seed == 1:
-                    found.append((run_dir, results[(backend, mode)][0]))
+                    found.append((run_dir, summary))
         ps_report.plot(found, out / "ps.png")
-    (out / "ps.json").write_text(json.dumps({f"{b}:{m}": runs for (b, m), runs in results.items()}, indent=2) + "\n")
+    (out / "ps.json").write_text(
+        json.dumps({f"{b}:{m}:{t}": runs for (b, m, t), runs in results.items()}, indent=2) + "\n"
+    )
     text = table(results, args.repeats)
     (out / "ps.md").write_text(text + "\n")
     print(f"\n{text}\n\nwritten: {out / 'ps.md'}, {out / 'ps.json'}, {out / 'ps.png'}")

@@ -111,3 +111,33 @@ def test_a_table_saved_and_loaded_goes_on_bit_for_bit(rule):
     order_a, order_b = np.argsort(a["ids"]), np.argsort(b["ids"])
     for key in a:
         assert np.array_equal(a[key][order_a], b[key][order_b]), key
+
+
+def _serving(rng, ids):
+    from unitrain.ps.serving import Serving
+
+    widths = [13 + 26 * 4, 8, 1]
+    layers = [
+        (rng.normal(size=(a, b)).astype(np.float32), rng.normal(size=b).astype(np.float32))
+        for a, b in zip(widths, widths[1:])
+    ]
+    layers.append((rng.normal(size=(13, 1)).astype(np.float32), rng.normal(size=1).astype(np.float32)))
+    rows = rng.normal(size=(len(ids), 5)).astype(np.float32)
+    return Serving.of(ids=ids, rows=rows, layers=layers, mean=np.zeros(13), std=np.ones(13), buckets=10**9)
+
+
+def test_a_served_model_reads_unknown_ids_as_zero_rows_and_saves_whole(tmp_path):
+    from unitrain.ps.serving import Serving
+
+    rng = np.random.default_rng(0)
+    ids = np.array([10**8, 3, 77, 5], np.int64)
+    serving = _serving(rng, ids)
+    located = serving.locate(np.array([[3, 77, 10**8, 4, 10**9 - 1]]))
+    assert located.tolist() == [[0, 2, 3, 4, 4]]  # sorted vocabulary; unknown ids: the last row
+    assert not serving.rows[4].any()
+    dense, rows = rng.normal(size=(6, 13)).astype(np.float32), rng.integers(0, 5, (6, 26))
+    p = serving.predict(dense, rows)
+    assert p.shape == (6,) and ((p > 0) & (p < 1)).all()
+    serving.save(tmp_path)
+    again = Serving.load(tmp_path)
+    assert np.array_equal(again.predict(dense, rows), p) and again.buckets == 10**9

@@ -14,10 +14,12 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import List, Sequence
 
 import numpy as np
 
+from unitrain.deploy import artifacts, ps_export
 from unitrain.deploy.infer import RESULT, Timing, benchmark, worker
 from unitrain.deploy.pairs import pair_worker
 from unitrain.errors import UnitrainError
@@ -45,8 +47,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--batch",
-        default="1,32",
-        help="batch sizes, comma-separated: latency at the smallest, throughput at the largest (default 1,32)",
+        help=(
+            "batch sizes, comma-separated: latency at the smallest, throughput at the largest (default 1,32; with "
+            "--criteo, the rows scored at a time, default 4096)"
+        ),
     )
     cores = len(os.sched_getaffinity(0))
     parser.add_argument(
@@ -72,6 +76,13 @@ def _parser() -> argparse.ArgumentParser:
         "--min-time", type=float, default=2.0, help="and at least this many seconds of timed runs (default 2)"
     )
     parser.add_argument(
+        "--criteo",
+        help=(
+            "score the Criteo lines of this file or folder with a parameter-server model's export: AUC and log loss "
+            "per model, and every line's click probability in --out (default: <export dir>/scores.tsv)"
+        ),
+    )
+    parser.add_argument(
         "--out",
         help="output directory (default: <run dir>/inference/<time> for one run's models, else ./inference/<time>)",
     )
@@ -80,7 +91,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _timing(args: argparse.Namespace) -> Timing:
     """The options as a Timing, or one line naming the first that is not allowed."""
-    batches = _ints(args.batch, "--batch")
+    batches = _ints(args.batch or "1,32", "--batch")
     cores = len(os.sched_getaffinity(0))
     if not 1 <= args.threads <= cores:
         raise UnitrainError(f"--threads={args.threads} is not allowed: 1 to {cores} (the CPUs this process may use)")
@@ -106,6 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv is None and len(sys.argv) == 3 and sys.argv[1] in ("--worker", "--pair"):
         return (worker if sys.argv[1] == "--worker" else pair_worker)(sys.argv[2])
     args = _parser().parse_args(argv)
+    if args.criteo:
+        return _score(args)
     try:
         out = benchmark(args.inputs, _timing(args), args.out)
     except UnitrainError as err:
@@ -121,6 +134,36 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+    return 0
+
+
+def _score(args: argparse.Namespace) -> int:
+    """A parameter-server model's export scoring Criteo lines."""
+    try:
+        if len(args.inputs) != 1:
+            raise UnitrainError(f"--criteo takes one export directory, not {len(args.inputs)} inputs")
+        directory, _ = artifacts.locate(args.inputs[0])
+        manifest = artifacts.read_manifest(directory)
+        if manifest.get("kind") != ps_export.KIND:
+            raise UnitrainError(
+                f"--criteo is not allowed with {directory}: it holds image models; allowed: the export of a "
+                "parameter-server job"
+            )
+        out = Path(args.out) if args.out else directory / "scores.tsv"
+        batch = _ints(args.batch or "4096", "--batch")[-1]
+        result = ps_export.score(directory, manifest, args.criteo, batch, args.threads, out)
+    except UnitrainError as err:
+        print(f"unitrain.infer: error: {err}", file=sys.stderr)
+        return 2
+    for name, model in result["models"].items():
+        print(
+            f"{name}: AUC {model['auc']:.4f}  log loss {model['logloss']:.4f}  max |probability diff| from the "
+            f"reference {model['max_abs_diff_from_reference']:.2g}"
+        )
+    print(
+        f"{result['rows']} rows ({result['unknown_ids']:.1%} of their ids unknown to the tables) in "
+        f"{result['seconds']:.1f} s; probabilities: {result['scores']}"
+    )
     return 0
 
 

@@ -7,7 +7,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import numpy as np
 import paddle
@@ -45,6 +45,12 @@ def save_native(model: paddle.nn.Layer, stem: Path, example: np.ndarray, batch: 
 
 def save_onnx(model: paddle.nn.Layer, stem: Path, example: np.ndarray, batch: Optional[int]) -> List[Path]:
     """``<stem>.onnx`` through paddle2onnx, from a ``jit.save`` program in a temporary directory."""
+    return onnx_from_program(lambda prefix: save_native(model, prefix, example, batch), stem)
+
+
+def onnx_from_program(save: Callable[[Path], List[Path]], stem: Path) -> List[Path]:
+    """``<stem>.onnx`` through paddle2onnx, from the program ``save(prefix)`` writes (with
+    ``jit.save``) into a temporary directory."""
     try:
         import paddle2onnx
     except ImportError:
@@ -54,7 +60,7 @@ def save_onnx(model: paddle.nn.Layer, stem: Path, example: np.ndarray, batch: Op
         ) from None
     path = stem.with_name(stem.name + ".onnx")
     with tempfile.TemporaryDirectory(dir=stem.parent, prefix=".paddle2onnx-") as tmp:
-        program, params = save_native(model, Path(tmp) / "model", example, batch)
+        program, params = save(Path(tmp) / "model")
         # save_file=None returns the bytes: paddle2onnx logs a failed conversion instead of
         # raising, so unitrain checks what came back and writes the file itself. optimize_tool
         # "none": its default (Polygraphy) pip-installs a package at run time; ONNX Runtime

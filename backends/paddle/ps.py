@@ -24,6 +24,7 @@ trainer steps with ``Executor.run`` (batch by batch, timed and evaluated like to
 from __future__ import annotations
 
 import gzip
+import json
 import re
 import socket
 import tempfile
@@ -338,8 +339,22 @@ class PaddlePs(PsProgram):
             paddle.static.save(self.main, str(folder / LOCAL_STATE))
             return
         # Each server writes its shards of every table (rows with their rule's state, and the
-        # dense tables) under folder, on its own file system (mode 0: everything).
-        self.fleet.fleet._runtime_handle._worker.save_all_model(str(folder), 0)
+        # dense tables) under folder, on its own file system (mode 0: everything). Beside them,
+        # for serving: which table is which, and the dense tower as this trainer pulled it.
+        runtime = self.fleet.fleet._runtime_handle
+        runtime._worker.save_all_model(str(folder), 0)
+        tables = {
+            name: c.table_id()
+            for c in runtime._send_ctx.values()
+            if c.is_sparse()
+            for name in ("deep_table", "wide_table")
+            if name in c.origin_varnames()[0]
+        }
+        (folder / "tables.json").write_text(json.dumps(tables))
+        if self.pull_dense:
+            self.pull_dense()
+        scope = paddle.static.global_scope()
+        np.savez(folder / "dense.npz", **{n: np.asarray(scope.find_var(n).get_tensor()) for n in self.initial})
 
     def _load(self, folder: Path) -> None:
         if not self.use_ps:

@@ -43,6 +43,14 @@ def save_onnx(model: torch.nn.Module, stem: Path, example: np.ndarray, batch: Op
     """``<stem>.onnx``, weights inside (no external data file), input ``images``, output ``logits``."""
     x, shapes = _example_and_shapes(example, batch)
     path = stem.with_name(stem.name + ".onnx")
+    onnx_export(model, (x,), path, ["images"], ["logits"], shapes)
+    return [path]
+
+
+def onnx_export(
+    model: torch.nn.Module, inputs: tuple, path: Path, names: List[str], outputs: List[str], shapes
+) -> None:
+    """torch.onnx.export (the dynamo exporter) into one file, quietly."""
     # Progress at INFO, and a warning per torchvision operator it cannot register (unitrain uses none).
     quiet = logging.getLogger("onnxscript"), logging.getLogger("onnx_ir"), logging.getLogger("torch.onnx")
     levels = [q.level for q in quiet]
@@ -52,12 +60,14 @@ def save_onnx(model: torch.nn.Module, stem: Path, example: np.ndarray, batch: Op
         # The exporter prints its progress to stdout; unitrain prints one line per artifact instead.
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)
+            # Two inputs sharing the batch axis: it says it will name the axis once.
+            warnings.simplefilter("ignore", UserWarning)
             torch.onnx.export(
                 model.eval(),
-                (x,),
+                inputs,
                 str(path),
-                input_names=["images"],
-                output_names=["logits"],
+                input_names=names,
+                output_names=outputs,
                 opset_version=OPSET,
                 dynamic_shapes=shapes,
                 external_data=False,
@@ -71,4 +81,3 @@ def save_onnx(model: torch.nn.Module, stem: Path, example: np.ndarray, batch: Op
     finally:
         for q, level in zip(quiet, levels):
             q.setLevel(level)
-    return [path]

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
-from unitrain.deploy import artifacts
+from unitrain.deploy import artifacts, ps_export
 from unitrain.deploy.runtimes import runtimes_for
 from unitrain.errors import UnitrainError
 from unitrain.host.machine import cpu
@@ -197,6 +197,11 @@ def export(
 ) -> Path:
     path = find_checkpoint(spec, [Path.cwd() / "runs", Path.cwd() / "multirun"], key="checkpoint")
     meta = read_meta(path)
+    if meta.get("kind") == ps_export.KIND:
+        if batches != [None]:
+            raise UnitrainError("--batch is not allowed for a parameter-server model: its exports take any batch size")
+        origin = {"checkpoint": str(path.resolve())}
+        return ps_export.export_ps(path, meta, formats, targets, _export_dir(out, path, origin), tolerance)
     cfg = artifacts.job_config(meta["config"])
     data, data_description = artifacts.held_out(cfg, CHECK_SAMPLES)
     images, _ = artifacts.stack(data, range(CHECK_SAMPLES))

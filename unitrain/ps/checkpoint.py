@@ -18,8 +18,10 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+import numpy as np
 from omegaconf import OmegaConf
 
+from unitrain.data.criteo_files import Standardize
 from unitrain.interface.ps import PsProgram
 from unitrain.train.checkpoint import (
     FORMAT,
@@ -51,7 +53,12 @@ class Resumed:
     step: int
 
 
-def save(run_dir: Path, cfg: Any, program: PsProgram, step: int, steps_per_epoch: int) -> Path:
+STANDARDIZE = "standardize.npz"
+
+
+def save(
+    run_dir: Path, cfg: Any, program: PsProgram, step: int, steps_per_epoch: int, standardize: Standardize
+) -> Path:
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step{step}", root / f".tmp-step{step}-{os.getpid()}"
     meta = {
@@ -69,6 +76,8 @@ def save(run_dir: Path, cfg: Any, program: PsProgram, step: int, steps_per_epoch
         root.mkdir(parents=True, exist_ok=True)
         tmp.mkdir()
         program.save_state(tmp)
+        # The dense features' shift and scale: a served model needs them to score raw rows.
+        np.savez(tmp / STANDARDIZE, mean=standardize.mean, std=standardize.std)
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
     except Exception as err:  # noqa: BLE001 - the engines' savers raise anything a full disk makes them
         shutil.rmtree(tmp, ignore_errors=True)

@@ -36,6 +36,7 @@ class JobData:
     smallest: int  # rows of the smallest trainer's share: every trainer stops with it
     rows: int  # training rows of the whole job
     held_out: Optional[CtrData]
+    standardize: Standardize  # of the dense features, the same in every trainer
 
 
 def job_data(cfg: Any, index: int, trainers: int, held_out: bool) -> JobData:
@@ -52,7 +53,11 @@ def _synthetic(cfg: Any, index: int, trainers: int, held_out: bool) -> JobData:
     val = standardize(synthetic(data.val_samples or DEFAULT_HELD_OUT, seed, buckets, HELD_OUT)) if held_out else None
     standardize(rows)
     return JobData(
-        share=MemoryRows(data=rows.shard(index, trainers)), smallest=len(rows) // trainers, rows=len(rows), held_out=val
+        share=MemoryRows(data=rows.shard(index, trainers)),
+        smallest=len(rows) // trainers,
+        rows=len(rows),
+        held_out=val,
+        standardize=standardize,
     )
 
 
@@ -82,4 +87,5 @@ def _files(cfg: Any, index: int, trainers: int, held_out: bool) -> JobData:
         smallest=min(sum(s.rows for s in segments) for segments in all_shares),
         rows=train,
         held_out=val,
+        standardize=standardize,
     )

@@ -195,7 +195,7 @@ def _after_step(job: _Job, step: int) -> None:
         tick = time.perf_counter()
         job.program.barrier()
         if job.role.index == 0:
-            path = checkpoint.save(job.run_dir, cfg, job.program, step, job.steps_per_epoch)
+            path = checkpoint.save(job.run_dir, cfg, job.program, step, job.steps_per_epoch, job.data.standardize)
             log.info("checkpoint of step %d: %s", step, path)
         job.program.barrier()
         out.eval_time += time.perf_counter() - tick  # not training time either
