@@ -116,6 +116,12 @@ def test_trainer_shards_are_disjoint_and_cover_every_row():
         (["backend=torch", "model=resnet18"], "model='resnet18' is not allowed: wide_deep with dist.mode=ps"),
         (["backend=torch", "dist.ps.servers=0"], "dist.ps.trainers=2 is not allowed: 1 with dist.ps.servers=0"),
         (["backend=torch", "data=criteo"], "data.path=None is not allowed: a Criteo TSV file"),
+        (["backend=torch", "data=criteo", "data.path=/no/such/day"], "data.path='/no/such/day' is not allowed"),
+        (
+            ["backend=paddle", "optim=adagrad"],
+            "optim='adagrad' is not allowed: sgd or adam with backend=paddle on parameter servers",
+        ),
+        (["backend=torch", "optim=momentum"], "optim.name='momentum' is not allowed: one of sgd, adagrad, adam"),
     ],
 )
 def test_bad_parameter_server_settings_get_one_line(args, message, tmp_path):

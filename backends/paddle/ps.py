@@ -375,7 +375,10 @@ class PaddlePs(PsProgram):
 
     def observed(self) -> Dict[str, Any]:
         if not self.use_ps:
-            return {"engine": "none (one process)", "sync": "local"}
+            # One process holds whole [buckets, dim] tables (and the optimizer's state beside them).
+            buckets, dim = self.cfg.model.sparse_buckets, self.cfg.model.embedding_dim
+            tables = {"rows": buckets, "bytes": buckets * (dim + 1) * 4, "preallocated": True}
+            return {"engine": "none (one process)", "sync": "local", "tables": tables}
         context = self.fleet.fleet._runtime_handle.context
         ops = {op.type for op in self.main.global_block().ops}
         # Read back from the runtime's context and the rewritten program, not the request.

@@ -372,17 +372,17 @@ class TorchPs(PsProgram):
                     for s, p, leaf in zip(self.servers, parts, leaves)
                 ),
             ]
-            return float(loss)
+            return float(loss.detach())
         self.optimizer.step()
         if self.rpc is None:
             self.table.push(parts[0][1].numpy(), leaves[0].grad.numpy(), parts[0][3].numpy(), pushed)
-            return float(loss)
+            return float(loss.detach())
         for f in [
             self.rpc.rpc_async(s, _push_when_all_arrived, args=(p[1], leaf.grad, p[3], pushed, self.role.index))
             for s, p, leaf in zip(self.servers, parts, leaves)
         ]:
             f.wait()
-        return float(loss)
+        return float(loss.detach())
 
     def _check_pushes(self) -> None:
         """Async: the last step's pushes were sent without waiting; a failed one is raised here."""
