@@ -34,7 +34,7 @@ LR = 0.001  # Adam
 BUCKETS = 10_000_000
 
 
-def run(backend: str, layout: str, data: Path, held_out: int, run_dir: Path) -> dict:
+def run(backend: str, layout: str, data: Path, held_out: int, run_dir: Path, buckets: int = BUCKETS) -> dict:
     shape = ["dist.ps.servers=0", "dist.ps.trainers=1", f"trainer.batch_size={2 * BATCH}"]
     if layout != "local":
         shape = [f"dist.ps.sync={layout}", f"trainer.batch_size={BATCH}"]
@@ -49,7 +49,7 @@ def run(backend: str, layout: str, data: Path, held_out: int, run_dir: Path) -> 
         f"data.val_samples={held_out}",
         "optim=adam",
         f"optim.lr={LR}",
-        f"model.sparse_buckets={BUCKETS}",
+        f"model.sparse_buckets={buckets}",
         "trainer.log_every=200",
         "trainer.eval_batch_size=10000",
         *shape,
@@ -65,7 +65,7 @@ def run(backend: str, layout: str, data: Path, held_out: int, run_dir: Path) -> 
     return summary
 
 
-def table(results: list) -> str:
+def table(results: list, buckets: int = BUCKETS) -> str:
     lines = [
         "| rows | backend | layout | held-out AUC (teacher) | log loss (teacher) | table rows | peak RSS MB: servers / "
         "trainers | wall time |",
@@ -86,7 +86,7 @@ def table(results: list) -> str:
     cpu = machine.cpu()
     lines += [
         "",
-        f"One pass, Adam lr {LR}, batch {BATCH} per trainer (the one-process baseline: {2 * BATCH}), {BUCKETS:,} hash "
+        f"One pass, Adam lr {LR}, batch {BATCH} per trainer (the one-process baseline: {2 * BATCH}), {buckets:,} hash "
         f"buckets, held-out rows from make_criteo's separate stream. Threads: the cores split over the processes. "
         f"CPU: {machine.describe_cpu(cpu, {})}. "
         + ", ".join(sorted({f"{r['summary']['framework']} {r['summary']['version']}" for r in results}))
@@ -128,6 +128,7 @@ def main() -> int:
     parser.add_argument("--backends", default="torch,paddle")
     parser.add_argument("--layouts", default="async,local")
     parser.add_argument("--held-out", type=int, default=100_000)
+    parser.add_argument("--buckets", type=int, default=BUCKETS, help=f"model.sparse_buckets (default {BUCKETS:,})")
     parser.add_argument("--out", default=str(HERE / "results" / "ps_scale"))
     args = parser.parse_args()
     out = Path(args.out)
@@ -139,10 +140,10 @@ def main() -> int:
             for backend in args.backends.split(","):
                 for layout in args.layouts.split(","):
                     run_dir = Path(tmp) / f"{folder.name}_{backend}_{layout}"
-                    summary = run(backend, layout, folder, args.held_out, run_dir)
+                    summary = run(backend, layout, folder, args.held_out, run_dir, args.buckets)
                     results.append({"summary": summary, "teacher": teacher})
                     (out / "ps_scale.json").write_text(json.dumps(results, indent=2) + "\n")
-    text = table(results)
+    text = table(results, args.buckets)
     (out / "ps_scale.md").write_text(text + "\n")
     plot(results, out / "ps_scale.png")
     print(f"\n{text}\n\nwritten: {out / 'ps_scale.md'}, {out / 'ps_scale.json'}, {out / 'ps_scale.png'}")

@@ -31,7 +31,7 @@ def test_required_groups_and_options_exist():
         assert options[group], group
 
 
-PS_ONLY = {"wide_deep", "criteo", "criteo_synthetic", "sgd", "ps", "wide_deep_ps"}
+PS_ONLY = {"wide_deep", "criteo", "criteo_synthetic", "sgd", "adagrad", "adam", "ps", "wide_deep_ps"}
 
 
 @pytest.mark.parametrize(

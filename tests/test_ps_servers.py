@@ -120,6 +120,14 @@ def test_a_checkpoint_of_other_tables_is_refused_in_one_line(tmp_path):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "optim.name='sgd'" in lines[0] and "this job has 'adam'" in lines[0]
+    # The end of the job: nothing left to run, said once by the trainers that found it.
+    done = run_unitrain(
+        [*SMALL, *TORCH, "dist.ps.sync=sync", f"trainer.resume={whole.run_dir}"],
+        tmp_path / "again",
+        python=sys.executable,
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1 and "nothing is left to run" in lines[0], done.stderr[-2000:]
 
 
 @pytest.mark.slow

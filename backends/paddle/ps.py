@@ -95,7 +95,7 @@ def _wait_for_servers(endpoints) -> None:
 
 
 #: Tries of trainer 0's first push of the dense parameters, a second apart.
-FIRST_PUSH_TRIES = 10
+FIRST_PUSH_TRIES = 30
 
 
 def _retry_first_push(runtime: Any) -> None:

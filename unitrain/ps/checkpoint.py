@@ -125,8 +125,14 @@ def find(cfg: Any, run_dir: Path) -> Optional[Resumed]:
     return Resumed(path=path, step=int(meta["step"]))
 
 
-def check_epoch(resumed: Resumed, steps_per_epoch: int) -> None:
+def check_epoch(resumed: Resumed, steps_per_epoch: int, total: int) -> None:
+    """The checkpoint's place in this job: the same steps an epoch, and steps left to take."""
     meta: Dict[str, Any] = read_meta(resumed.path)
+    if resumed.step >= total:
+        raise CheckpointError(
+            f"trainer.resume: {resumed.path} is step {resumed.step}, and this job ends at step {total}: nothing is "
+            "left to run; allowed: an earlier checkpoint, or more trainer.epochs"
+        )
     if meta["steps_per_epoch"] != steps_per_epoch:
         raise CheckpointError(
             f"trainer.resume: {resumed.path} was written by a job of {meta['steps_per_epoch']} steps an epoch, this "

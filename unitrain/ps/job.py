@@ -136,7 +136,7 @@ def train(
     data = job_data(cfg, role.index, role.trainers, held_out=first)
     steps_per_epoch = _steps_per_epoch(cfg, data.smallest)
     if resumed:
-        checkpoint.check_epoch(resumed, steps_per_epoch)
+        checkpoint.check_epoch(resumed, steps_per_epoch, steps_per_epoch * cfg.trainer.epochs)
     out = _Records(role=role, file=open(run_dir / "metrics.jsonl", "w", encoding="utf-8") if first else None)
     job = _Job(
         cfg=cfg, program=program, role=role, run_dir=run_dir, data=data, steps_per_epoch=steps_per_epoch, out=out
