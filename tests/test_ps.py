@@ -153,7 +153,13 @@ def _check_job(result, mode: str, servers: int, trainers: int) -> dict:
         trainers,
     )
     assert summary["eval"]["val_auc"] > MIN_AUC, summary["eval"]
-    assert summary["final_loss"] < summary["first_loss"]
+    if mode == "async":
+        # No trainer waits for another: trainer 0's first step may already use the others'
+        # updates, so its first loss is no baseline. Below the click rate's own entropy (about
+        # 0.61 at 30% clicks) is learning.
+        assert summary["final_loss"] < 0.6
+    else:
+        assert summary["final_loss"] < summary["first_loss"]
     assert len(summary["examples_per_s_per_trainer"]) == trainers and summary["examples_per_s"] > 0
     for i in range(servers):
         assert (result.run_dir / f"serverlog.{i}").exists()
