@@ -78,10 +78,9 @@ def _export_one(serving: Serving, framework: str, fmt: str, inputs: tuple, out: 
     try:
         files = module.save(serving, tmp / f"{STEM}.{framework}", fmt)
         dense, rows, _ = inputs
+        predict = load(framework, fmt, files, 1)
         diffs = [
-            float(
-                np.abs(serving.predict(dense[:n], rows[:n]) - load(framework, fmt, files, 1)(dense[:n], rows[:n])).max()
-            )
+            float(np.abs(serving.predict(dense[:n], rows[:n]) - predict(dense[:n], rows[:n])).max())
             for n in (1, len(dense))
         ]
         if max(diffs) > tolerance:

@@ -30,6 +30,7 @@ from unitrain.train.checkpoint import (
     clean_partial_checkpoints,
     find_checkpoint,
     prune_checkpoints,
+    publish,
     read_meta,
     still_latest,
 )
@@ -85,12 +86,7 @@ def save(
         raise CheckpointWriteError(
             f"the checkpoint of step {step} could not be written into {root}: {why}; {still_latest(run_dir)}"
         ) from None
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    latest_tmp = root / f".latest-{os.getpid()}"
-    latest_tmp.write_text(final.name)
-    os.replace(latest_tmp, root / "latest")
+    publish(tmp, final)
     prune_checkpoints(run_dir, cfg.trainer.keep_checkpoints)
     return final
 

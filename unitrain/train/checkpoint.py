@@ -103,12 +103,18 @@ def save_checkpoint(
         raise CheckpointWriteError(
             f"the checkpoint of step {step} could not be written into {root}: {why}; {still_latest(run_dir)}"
         ) from None
+    return publish(tmp, final)
+
+
+def publish(tmp: Path, final: Path) -> Path:
+    """A fully written checkpoint directory renamed into place, then ``latest`` pointed at it
+    (also by rename): a crash in between leaves the earlier checkpoint the latest."""
     if final.exists():  # the same step saved again (a re-run into the same directory)
         shutil.rmtree(final)
     os.replace(tmp, final)
-    latest_tmp = root / f".latest-{os.getpid()}"
+    latest_tmp = final.parent / f".latest-{os.getpid()}"
     latest_tmp.write_text(final.name)
-    os.replace(latest_tmp, root / "latest")
+    os.replace(latest_tmp, final.parent / "latest")
     return final
 
 
