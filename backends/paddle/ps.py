@@ -94,6 +94,9 @@ def _wait_for_servers(endpoints) -> None:
                 time.sleep(0.2)
 
 
+#: Seconds a geo trainer leaves its communicator's thread to send its last changes.
+GEO_DRAIN_S = 0.5
+
 #: Tries of trainer 0's first push of the dense parameters, a second apart.
 FIRST_PUSH_TRIES = 30
 
@@ -207,18 +210,20 @@ class PaddlePs(PsProgram):
             scope.find_var(name).get_tensor().set(value, paddle.CPUPlace())
         # pull_dense: the servers' dense parameters into this trainer's scope; after_step: what a
         # trainer does after each step (async: pull; sync: flush, barrier, pull; geo: nothing).
-        self.pull_dense = self.after_step = None
+        self.pull_dense = self.after_step = self.server_view = None
         if not self.use_ps:
             return
         fleet = self.fleet
         _wait_for_servers(fleet.server_endpoints())
         _retry_first_push(fleet.fleet._runtime_handle)
         fleet.init_worker()
-        if self.sync in ("sync", "async"):
-            from paddle.distributed.ps.utils.public import get_the_one_recv_context
+        from paddle.distributed.ps.utils.public import get_the_one_recv_context
 
-            runtime = fleet.fleet._runtime_handle
-            dense = get_the_one_recv_context(runtime.context, split_dense_table=runtime.is_heter_ps_mode)
+        runtime = fleet.fleet._runtime_handle
+        dense = get_the_one_recv_context(runtime.context, split_dense_table=runtime.is_heter_ps_mode)
+        if self.sync == "geo":
+            self.server_view = _ServerView(self, runtime, dense)
+        else:
             self.pull_dense = lambda: runtime._pull_all_dense(runtime.scopes, runtime._send_ctx, dense)
             self.after_step = self._sync_step(runtime, dense) if self.sync == "sync" else self.pull_dense
 
@@ -262,7 +267,10 @@ class PaddlePs(PsProgram):
 
         return step_done
 
-    def _build(self, cfg):
+    def _build(self, cfg, server_lookup: bool = False):
+        """The wide&deep program; ``server_lookup``: an inference program whose embeddings are
+        read from the servers' tables (geo's evaluation), built with plain lookups that
+        _ServerView turns into the servers' ones."""
         static, dim = paddle.static, cfg.model.embedding_dim
         dense = static.data("dense", [-1, DENSE_FEATURES], "float32")
         ids = static.data("ids", [-1, 1], "int64")  # the batch's 26 ids per row, row after row
@@ -272,6 +280,8 @@ class PaddlePs(PsProgram):
             attr = paddle.ParamAttr(name=name, initializer=paddle.nn.initializer.Uniform(-EMBED_INIT, EMBED_INIT))
             # Geo trains a local copy of the table, which sparse_embedding's server-only table
             # cannot give (init_worker fails on it): geo takes embedding(is_sparse=True).
+            if server_lookup:
+                return static.nn.embedding(ids, size=[cfg.model.sparse_buckets, width], param_attr=attr)
             if self.use_ps and self.sync != "geo":
                 return static.nn.sparse_embedding(ids, size=[cfg.model.sparse_buckets, width], param_attr=attr)
             return static.nn.embedding(ids, size=[cfg.model.sparse_buckets, width], is_sparse=True, param_attr=attr)
@@ -325,6 +335,8 @@ class PaddlePs(PsProgram):
         return float(np.asarray(loss))
 
     def predict(self, batch: CtrData) -> np.ndarray:
+        if self.server_view:
+            return self.server_view.predict(self._feed(batch, with_label=False))
         (prob,) = self.executor.run(self.test, feed=self._feed(batch, with_label=False), fetch_list=[self.prob])
         return np.asarray(prob).reshape(-1)
 
@@ -368,6 +380,8 @@ class PaddlePs(PsProgram):
             self.pull_dense()
 
     def end_training(self) -> None:
+        if self.server_view:
+            self.server_view.send_the_rest()
         if self.use_ps:
             self.barrier()
             if self.pull_dense:
@@ -402,8 +416,11 @@ class PaddlePs(PsProgram):
                     "fetch_barrier",
                 }
             ),
-            "dense": "on the servers",
-            "tables": self._table_rows(),
+            "dense": "each trainer's copy, merged on the servers" if mode == "geo" else "on the servers",
+            # Fleet's geo tables cannot be saved (MemorySparseGeoTable::Save writes nothing), so
+            # their rows cannot be counted.
+            "tables": None if mode == "geo" else self._table_rows(),
+            "evaluates": "the servers' model" if self.server_view else "this trainer's pulled parameters",
             # How far the dense tower moved from its initial values, in this trainer's copy after
             # the last pull: in sync mode only the servers' barrier applies dense gradients.
             "dense_moved": self._dense_moved(),
@@ -447,6 +464,73 @@ class PaddlePs(PsProgram):
 # The servers' brpc counters (its built-in /vars page on each server's port): requests served.
 # console=1: plain text (brpc answers a browser-like client with HTML).
 COUNTERS = re.compile(r"^cost_profiler_pserver_server_(pull|push)_(sparse|dense)_count : (\d+)$", re.M)
+
+
+class _ServerView:
+    """Geo: the job's model is the servers' (each trainer's copy holds its own changes whole and
+    the others' divided by the trainers: GeoCommunicator sends (copy - last sent) / trainers).
+    Evaluation reads it from them: embedding rows through distributed_lookup_table, the dense
+    tower pulled into a scope of its own, so the trainer's copy is left as it is."""
+
+    def __init__(self, ps: "PaddlePs", runtime: Any, dense: Dict[int, list]):
+        self.ps, self.runtime, self.dense = ps, runtime, dense
+        self.scope = paddle.static.Scope()
+        program, startup = paddle.static.Program(), paddle.static.Program()
+        with paddle.static.program_guard(program, startup):
+            initial, ps.initial = ps.initial, {}
+            try:
+                _, self.prob = ps._build(ps.cfg, server_lookup=True)
+            finally:
+                ps.initial = initial
+        tables = {
+            name: c.table_id()
+            for c in runtime._send_ctx.values()
+            if c.is_sparse()
+            for name in ("deep_table", "wide_table")
+            if name in c.origin_varnames()[0]
+        }
+        block = program.global_block()
+        for index, op in list(enumerate(block.ops)):
+            if op.type == "lookup_table_v2":
+                self._to_server_lookup(block, index, op, tables)
+        self.program = program._prune_with_input(["dense", "ids"], [self.prob])
+        dim = ps.cfg.model.embedding_dim
+        # distributed_lookup_table reads only the width of its W.
+        for name, width in (("deep_table", dim), ("wide_table", 1)):
+            self.scope.var(name).get_tensor().set(np.zeros([1, width], "float32"), paddle.CPUPlace())
+        for name, value in ps.initial.items():
+            self.scope.var(name).get_tensor().set(value, paddle.CPUPlace())
+
+    @staticmethod
+    def _to_server_lookup(block, index: int, op, tables: Dict[str, int]) -> None:
+        weight = op.input("W")[0]
+        inputs, outputs = op.input("Ids"), op.output("Out")
+        block._remove_op(index)
+        block._insert_op(
+            index,
+            type="distributed_lookup_table",
+            inputs={"Ids": [block.var(n) for n in inputs], "W": [block.var(weight)]},
+            outputs={"Outputs": [block.var(n) for n in outputs]},
+            attrs={
+                "is_distributed": True,
+                "padding_idx": -1,
+                "table_id": tables[weight],
+                "lookup_table_version": "lookup_table_v2",
+            },
+        )
+
+    def send_the_rest(self) -> None:
+        """Stop the communicator once its thread has sent this trainer's last changes: it merges
+        queued ids for about 50 ms (send_wait_times x 10 ms) and then sends, and stopping it
+        while it sends drops what was queued meanwhile (stop_worker's own stop does)."""
+        time.sleep(GEO_DRAIN_S)
+        self.runtime._communicator.stop()
+
+    def predict(self, feed: Dict[str, np.ndarray]) -> np.ndarray:
+        for table_id, names in self.dense.items():
+            self.runtime._worker.pull_dense_params(self.scope, table_id, names)
+        (prob,) = self.ps.executor.run(self.program, feed=feed, fetch_list=[self.prob], scope=self.scope)
+        return np.asarray(prob).reshape(-1)
 
 
 def _server_counters(endpoints) -> Optional[Dict[str, int]]:

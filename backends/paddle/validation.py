@@ -45,6 +45,14 @@ def check(cfg: Any) -> None:
             "sgd or adam with backend=paddle on parameter servers (Fleet's dense tables have no Adagrad rule; "
             "dist.ps.servers=0 trains Adagrad in one process)",
         )
+    ps = cfg.dist.ps
+    if cfg.dist.mode == "ps" and ps.servers > 0 and ps.sync == "geo" and cfg.trainer.checkpoint_every:
+        # MemorySparseGeoTable::Save writes nothing: a checkpoint would hold no embeddings.
+        raise ConfigError(
+            "trainer.checkpoint_every",
+            cfg.trainer.checkpoint_every,
+            "0 with dist.ps.sync=geo on backend=paddle (Fleet's geo tables cannot be saved; sync or async save them)",
+        )
     if cfg.amp.impl == "apex":
         raise ConfigError("amp.impl", "apex", "native with backend=paddle (NVIDIA Apex is a PyTorch extension)")
     check_all_reduce(cfg.dist)
