@@ -34,7 +34,9 @@ LR = 0.001  # Adam
 BUCKETS = 10_000_000
 
 
-def run(backend: str, layout: str, data: Path, held_out: int, run_dir: Path, buckets: int = BUCKETS) -> dict:
+def run(
+    backend: str, layout: str, data: Path, held_out: int, run_dir: Path, buckets: int = BUCKETS, extra: tuple = ()
+) -> dict:
     shape = ["dist.ps.servers=0", "dist.ps.trainers=1", f"trainer.batch_size={2 * BATCH}"]
     if layout != "local":
         shape = [f"dist.ps.sync={layout}", f"trainer.batch_size={BATCH}"]
@@ -53,9 +55,10 @@ def run(backend: str, layout: str, data: Path, held_out: int, run_dir: Path, buc
         "trainer.log_every=200",
         "trainer.eval_batch_size=10000",
         *shape,
+        *extra,
         f"hydra.run.dir={run_dir}",
     ]
-    print(f"{data.name}: {backend} {layout}", flush=True)
+    print(f"{data.name}: {backend} {layout} {' '.join(extra)}", flush=True)
     started = time.monotonic()
     done = subprocess.run([python_for(backend), *args], cwd=run_dir.parent, capture_output=True, text=True)
     if done.returncode != 0:

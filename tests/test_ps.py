@@ -122,6 +122,15 @@ def test_trainer_shards_are_disjoint_and_cover_every_row():
             "optim='adagrad' is not allowed: sgd or adam with backend=paddle on parameter servers",
         ),
         (["backend=torch", "optim=momentum"], "optim.name='momentum' is not allowed: one of sgd, adagrad, adam"),
+        (["backend=torch", "dist.ps.threads=2"], "dist.ps.threads=2 is not allowed: 1 with dist.ps.feed=steps"),
+        (
+            ["backend=paddle", "dist.ps.feed=engine", "dist.ps.sync=sync"],
+            "dist.ps.sync='sync' is not allowed: async or geo with dist.ps.feed=engine",
+        ),
+        (
+            ["backend=paddle", "dist.ps.feed=engine"],
+            "data='criteo_synthetic' is not allowed: data=criteo with a data.val_path with dist.ps.feed=engine",
+        ),
     ],
 )
 def test_bad_parameter_server_settings_get_one_line(args, message, tmp_path):

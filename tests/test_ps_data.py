@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import run_unitrain
-from unitrain.data import criteo, criteo_files
+from unitrain.data import criteo, criteo_files, multislot
 from unitrain.errors import UnitrainError
 
 SMALL = ["experiment=wide_deep_ps", "trainer.log_every=10", "data=criteo"]
@@ -171,3 +171,68 @@ def test_a_bad_line_read_by_a_loader_worker_is_one_line(tmp_path):
     assert result.returncode == 2, result.stderr[-3000:]
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "day.tsv" in lines[0] and "line 334 has 2 fields" in lines[0], result.stderr[-3000:]
+
+
+# --- MultiSlot text for Paddle's dataset reader (dist.ps.feed=engine) ------------------------------
+def test_multislot_lines_carry_exactly_the_rows_unitrain_parses(tmp_path):
+    lines = criteo.synthetic_lines(300, seed=3)
+    rows = criteo.parse_lines(lines, 1000)
+    standardize = criteo_files.Standardize.of(rows)
+    source = tmp_path / "part.tsv"
+    source.write_text("".join(f"{x}\n" for x in lines))
+    command = multislot.command(sys.executable, 1000, standardize, tmp_path / "errors")
+    with open(source) as stdin:
+        out = subprocess.run(command, shell=True, stdin=stdin, capture_output=True, text=True, check=True).stdout
+    expected = standardize(criteo.parse_lines(lines, 1000))
+    got = [line.split(" ") for line in out.splitlines()]
+    assert len(got) == 300 and all(len(fields) == 1 + 13 + 1 + 26 + 1 + 1 for fields in got)
+    assert {(f[0], f[14], f[41]) for f in got} == {("13", "26", "1")}
+    # Float32 values survive the text exactly: the engine trains on the same numbers.
+    np.testing.assert_array_equal(np.asarray([f[1:14] for f in got], np.float32), expected.dense)
+    np.testing.assert_array_equal(np.asarray([f[15:41] for f in got], np.int64), expected.sparse)
+    np.testing.assert_array_equal(np.asarray([f[42] for f in got], np.float32), expected.label)
+
+
+def test_multislot_names_the_file_and_line_it_refuses(tmp_path):
+    source = tmp_path / "part.tsv"
+    source.write_text("".join(f"{x}\n" for x in criteo.synthetic_lines(5, seed=3)) + "2\t1\n")
+    standardize = criteo_files.Standardize(mean=np.zeros(13, np.float32), std=np.ones(13, np.float32))
+    errors = tmp_path / "errors"
+    errors.mkdir()
+    with open(source) as stdin:
+        done = subprocess.run(
+            multislot.command(sys.executable, 1000, standardize, errors), shell=True, stdin=stdin, capture_output=True
+        )
+    assert done.returncode == 1
+    assert multislot.first_error(errors) == (
+        f"the Criteo file {str(source)!r} is not allowed: line 6 has 2 fields; Criteo rows are 40 tab-separated "
+        "fields (label 0/1, I1..I13 integers or empty, C1..C26)"
+    )
+
+
+@pytest.mark.parametrize(
+    "backend,files,message",
+    [
+        ("torch", 2, "dist.ps.feed='engine' is not allowed: steps with backend=torch"),
+        ("paddle", 1, "is not allowed: a folder of at least dist.ps.trainers=2 files with dist.ps.feed=engine"),
+    ],
+)
+def test_engine_feed_is_refused_where_it_cannot_run_in_one_line(backend, files, message, tmp_path):
+    """torch has no engine that runs passes; Paddle's gives each trainer whole files."""
+    (tmp_path / "train").mkdir()
+    lines = "".join(f"{x}\n" for x in criteo.synthetic_lines(200, seed=3))
+    for j in range(files):
+        (tmp_path / "train" / f"part-{j}.tsv").write_text(lines)
+    (tmp_path / "held_out.tsv").write_text(lines)
+    args = [
+        "experiment=wide_deep_ps",
+        f"backend={backend}",
+        "data=criteo",
+        f"data.path={tmp_path / 'train'}",
+        f"data.val_path={tmp_path / 'held_out.tsv'}",
+        "dist.ps.feed=engine",
+    ]
+    result = run_unitrain(args, tmp_path / "job")
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], lines

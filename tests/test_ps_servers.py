@@ -315,3 +315,75 @@ def test_a_trained_wide_deep_is_served_by_both_frameworks_and_scores_criteo_line
         text=True,
     )
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "--criteo=" in missing.stderr
+
+
+# --- dist.ps.feed=engine: Fleet's dataset API runs whole passes ------------------------------------
+def _even_files(tmp_path: Path, parts: int = 4, rows_per_part: int = 768) -> list:
+    """Part files of whole batches of 64: the engine's reader and unitrain's then cut the same batches."""
+    from unitrain.data import criteo
+
+    (tmp_path / "train").mkdir(parents=True)
+    lines = criteo.synthetic_lines(parts * rows_per_part, seed=2024)
+    for j in range(parts):
+        chunk = lines[j * rows_per_part : (j + 1) * rows_per_part]
+        (tmp_path / "train" / f"part-{j}.tsv").write_text("".join(f"{x}\n" for x in chunk))
+    held_out = tmp_path / "held_out.tsv"
+    held_out.write_text("".join(f"{x}\n" for x in criteo.synthetic_lines(1000, seed=2024, stream=criteo.HELD_OUT)))
+    return [
+        "data=criteo",
+        f"data.path={tmp_path / 'train'}",
+        f"data.val_path={held_out}",
+        "data.val_samples=1000",
+        "data.num_samples=null",
+    ]
+
+
+@pytest.mark.slow
+def test_paddle_engine_pass_trains_the_same_model_as_unitrain_steps(tmp_path):
+    """One thread of Fleet's QueueDataset reads the files through unitrain's parsing (as
+    MultiSlot text) and train_from_dataset steps them: the model is the stepped one, exactly."""
+    data = _even_files(tmp_path / "data")
+    local = ["dist.ps.servers=0", "dist.ps.trainers=1"]
+    steps = _job([*data, *local], tmp_path / "steps", "paddle").summary()
+    engine = _job([*data, *local, "dist.ps.feed=engine"], tmp_path / "engine", "paddle").summary()
+    assert engine["observed"]["fed"]["threads"] == 1 and engine["observed"]["fed"]["files"] == 4
+    assert steps["observed"]["fed"] is None
+    assert engine["steps"] == steps["steps"] == 4 * 768 // 64
+    assert engine["eval"]["val_auc"] == steps["eval"]["val_auc"]
+    assert engine["eval"]["val_logloss"] == steps["eval"]["val_logloss"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["async", "geo"])
+def test_paddle_engine_passes_on_parameter_servers_in_threads(mode, tmp_path):
+    data = _even_files(tmp_path / "data")
+    result = _job([*data, f"dist.ps.sync={mode}", "dist.ps.feed=engine", "dist.ps.threads=2"], tmp_path, "paddle")
+    summary = result.summary()
+    # Each trainer's two files, one reader and trainer thread each, as Fleet reports them.
+    assert summary["observed"]["fed"] == {
+        "by": "Fleet QueueDataset (MultiSlotDataFeed) + Executor.train_from_dataset",
+        "threads": 2,
+        "files": 2,
+    }
+    assert summary["rows"] == 4 * 768 and summary["eval"]["val_auc"] > MIN_AUC
+    assert "pass 1: 1536 rows" in (tmp_path / "run" / "workerlog.1").read_text()
+
+
+@pytest.mark.slow
+def test_paddle_engine_pass_names_a_bad_line(tmp_path):
+    """Past the rows read for the standardization, so the engine's reader meets it: Fleet goes
+    on past a pipe command that failed, and the job must not."""
+    data = _even_files(tmp_path / "data", rows_per_part=2560)
+    part = tmp_path / "data" / "train" / "part-3.tsv"
+    lines = part.read_text().splitlines(keepends=True)
+    lines[2499] = "1\tnot a count\n"
+    part.write_text("".join(lines))
+    result = run_unitrain(
+        [*SMALL, "backend=paddle", *data, "dist.ps.feed=engine"], tmp_path / "job", python=paddle_ps_python()
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"unitrain: error: the Criteo file '{part}' is not allowed: line 2500 has 2 fields; Criteo rows are 40 "
+        "tab-separated fields (label 0/1, I1..I13 integers or empty, C1..C26) (dist.ps.feed=engine: the pass "
+        "skipped the rest of that file)"
+    ]

@@ -27,18 +27,22 @@ import gzip
 import json
 import re
 import socket
+import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import paddle
+from paddle.base.executor import FetchHandler
 
+from unitrain.data import multislot
 from unitrain.data.criteo import DENSE_FEATURES, SPARSE_SLOTS, CtrData
-from unitrain.errors import UnitrainError
-from unitrain.interface.ps import PsProgram, Role
+from unitrain.data.criteo_files import FileRows
+from unitrain.errors import Refusal, UnitrainError
+from unitrain.interface.ps import PassResult, PsProgram, Role
 from unitrain.ps.model import EMBED_INIT, tower_init
 from unitrain.ps.table import BETA1, BETA2, EPSILON, INITIAL_G2SUM
 
@@ -93,6 +97,10 @@ def _wait_for_servers(endpoints) -> None:
                     ) from None
                 time.sleep(0.2)
 
+
+#: Seconds between the loss reports of a pass that Fleet runs (dist.ps.feed=engine).
+PROGRESS_S = 10
+LOSS_READ_S = 0.2
 
 #: Seconds a geo trainer leaves its communicator's thread to send its last changes.
 GEO_DRAIN_S = 0.5
@@ -155,6 +163,7 @@ class PaddlePs(PsProgram):
         self.cfg, self.role, self.use_ps = cfg, role, role.servers > 0
         self.sync = cfg.dist.ps.sync if self.use_ps else "local"
         self.fleet = None
+        self.fed: Optional[Dict[str, Any]] = None  # what ran the passes of dist.ps.feed=engine
         if self.use_ps:
             from paddle.distributed import fleet
 
@@ -273,7 +282,10 @@ class PaddlePs(PsProgram):
         _ServerView turns into the servers' ones."""
         static, dim = paddle.static, cfg.model.embedding_dim
         dense = static.data("dense", [-1, DENSE_FEATURES], "float32")
-        ids = static.data("ids", [-1, 1], "int64")  # the batch's 26 ids per row, row after row
+        # The batch's 26 ids per row, row after row; a sequence (lod_level 1) where Fleet's dataset
+        # reader fills it, which gives each row's 26 ids as one slot.
+        engine_fed = cfg.dist.ps.feed == "engine" and not server_lookup
+        ids = static.data("ids", [-1, 1], "int64", lod_level=1 if engine_fed else 0)
         label = static.data("label", [-1, 1], "float32")
 
         def table(name: str, width: int):
@@ -327,6 +339,46 @@ class PaddlePs(PsProgram):
     def run_server(self) -> None:
         self.fleet.init_server()
         self.fleet.run_server()
+
+    def train_pass(
+        self, share: FileRows, batch_size: int, threads: int, progress: Callable[[float], None]
+    ) -> PassResult:
+        """Fleet's dataset API, as PaddleRec trains: a QueueDataset streams the share's files
+        through the pipe command (unitrain's parsing, as MultiSlot text) in ``threads`` reader
+        threads, and train_from_dataset steps the program in as many Hogwild threads."""
+        with tempfile.TemporaryDirectory(prefix="unitrain-feed-") as errors:
+            result = self._run_pass(share, batch_size, threads, progress, Path(errors))
+            refused = multislot.first_error(Path(errors))
+        if refused:
+            # Fleet's reader went on past the file it could not read: the pass is not the data.
+            raise Refusal(f"{refused} (dist.ps.feed=engine: the pass skipped the rest of that file)")
+        return result
+
+    def _run_pass(self, share, batch_size: int, threads: int, progress, errors: Path) -> PassResult:
+        dataset = paddle.distributed.QueueDataset()
+        block = self.main.global_block()
+        dataset.init(
+            batch_size=batch_size,
+            thread_num=threads,
+            use_var=[block.var(name) for name in ("dense", "ids", "label")],
+            pipe_command=multislot.command(sys.executable, share.buckets, share.standardize, errors),
+        )
+        dataset.set_filelist(share.whole_files())
+        handler = _LossHandler(self.loss, progress)
+        tick = time.perf_counter()
+        self.executor.train_from_dataset(
+            program=self.main, dataset=dataset, thread=threads, fetch_handler=handler, print_period=10**9
+        )
+        seconds = time.perf_counter() - tick
+        # Read back: the dataset takes at most a thread per file.
+        self.fed = {
+            "by": "Fleet QueueDataset (MultiSlotDataFeed) + Executor.train_from_dataset",
+            "threads": dataset.thread_num,
+            "files": len(dataset.filelist),
+        }
+        if self.pull_dense:
+            self.pull_dense()
+        return PassResult(rows=share.rows, seconds=seconds, loss=handler.last)
 
     def train_batch(self, batch: CtrData) -> float:
         (loss,) = self.executor.run(self.main, feed=self._feed(batch), fetch_list=[self.loss])
@@ -392,7 +444,7 @@ class PaddlePs(PsProgram):
             # One process holds whole [buckets, dim] tables (and the optimizer's state beside them).
             buckets, dim = self.cfg.model.sparse_buckets, self.cfg.model.embedding_dim
             tables = {"rows": buckets, "bytes": buckets * (dim + 1) * 4, "preallocated": True}
-            return {"engine": "none (one process)", "sync": "local", "tables": tables}
+            return {"engine": "none (one process)", "sync": "local", "tables": tables, "fed": self.fed}
         context = self.fleet.fleet._runtime_handle.context
         ops = {op.type for op in self.main.global_block().ops}
         # Read back from the runtime's context and the rewritten program, not the request.
@@ -421,6 +473,7 @@ class PaddlePs(PsProgram):
             # their rows cannot be counted.
             "tables": None if mode == "geo" else self._table_rows(),
             "evaluates": "the servers' model" if self.server_view else "this trainer's pulled parameters",
+            "fed": self.fed,
             # How far the dense tower moved from its initial values, in this trainer's copy after
             # the last pull: in sync mode only the servers' barrier applies dense gradients.
             "dense_moved": self._dense_moved(),
@@ -464,6 +517,24 @@ class PaddlePs(PsProgram):
 # The servers' brpc counters (its built-in /vars page on each server's port): requests served.
 # console=1: plain text (brpc answers a browser-like client with HTML).
 COUNTERS = re.compile(r"^cost_profiler_pserver_server_(pull|push)_(sparse|dense)_count : (\d+)$", re.M)
+
+
+class _LossHandler(FetchHandler):
+    """The loss of thread 0's latest batch, read every LOSS_READ_S of a pass (Fleet's fetch
+    monitor reads thread 0's scope, which the pass destroys when it ends; a persistable loss
+    shared by the threads crashes them) and reported every PROGRESS_S."""
+
+    def __init__(self, loss, progress: Callable[[float], None]):
+        super().__init__(var_dict={"loss": loss}, period_secs=LOSS_READ_S)
+        self.progress, self.last, self.reported = progress, float("nan"), time.monotonic()
+
+    def handler(self, res_dict) -> None:
+        value = res_dict.get("loss")
+        if isinstance(value, np.ndarray) and value.size:
+            self.last = float(value.reshape(-1)[0])
+            if time.monotonic() - self.reported >= PROGRESS_S:
+                self.reported = time.monotonic()
+                self.progress(self.last)
 
 
 class _ServerView:

@@ -25,6 +25,13 @@ def check(cfg: Any) -> None:
             "geo",
             "sync or async with backend=torch (geo-SGD is Paddle's; torch.distributed.rpc has no counterpart)",
         )
+    if cfg.dist.mode == "ps" and cfg.dist.ps.feed == "engine":
+        raise ConfigError(
+            "dist.ps.feed",
+            "engine",
+            "steps with backend=torch (torch has no engine that runs whole passes over files; its DataLoader "
+            "workers already read them: data.num_workers)",
+        )
     check_all_reduce(cfg.dist)
     _warn_of_onednn_bf16_on_one_pixel(cfg)
 

@@ -114,6 +114,11 @@ class DistMode(Choice):
 PsSync = _choice("PsSync", "sync", "async", "geo")
 
 
+class PsFeed(Choice):
+    steps = "steps"
+    engine = "engine"
+
+
 class CommBackend(Choice):
     auto = "auto"
     gloo = "gloo"
@@ -310,6 +315,12 @@ class PsConfig:
     # change every geo_k_steps steps.
     sync: PsSync = PsSync["async"]
     geo_k_steps: int = 100
+    # steps: unitrain's loop feeds every step (each mode, both engines). engine: the framework
+    # runs whole passes over each trainer's files itself, as its own recommender examples do
+    # (Paddle: Fleet's QueueDataset and Executor.train_from_dataset; async and geo, whole files).
+    feed: PsFeed = PsFeed.steps
+    # Reader and trainer threads of each trainer with feed=engine (at most its files).
+    threads: int = 1
 
 
 @dataclass

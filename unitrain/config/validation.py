@@ -283,6 +283,48 @@ def _check_ps(cfg: Any) -> None:
         for key, path in (("data.path", cfg.data.path), ("data.val_path", cfg.data.val_path)):
             if (path or key == "data.path") and not (path and os.path.exists(path)):
                 raise ConfigError(key, path, f"{criteo_files.ALLOWED}, existing, with data=criteo")
+    _check_feed(cfg)
+
+
+#: What a pass run by the engine cannot have: it runs whole files with no step between.
+_PER_STEP = (
+    ("trainer.steps", "trainer.steps", "null"),
+    ("trainer.checkpoint_every", "trainer.checkpoint_every", "0"),
+    ("trainer.eval_every", "trainer.eval_every", "0"),
+    ("trainer.resume", "trainer.resume", "null"),
+    ("data.num_samples", "data.num_samples", "null (every row of the files)"),
+)
+
+
+def _check_feed(cfg: Any) -> None:
+    """dist.ps.feed=engine: the engine reads each trainer's whole files and steps by itself."""
+    ps = cfg.dist.ps
+    _positive("dist.ps.threads", ps.threads)
+    if ps.feed != "engine":
+        if ps.threads != 1:
+            raise ConfigError("dist.ps.threads", ps.threads, "1 with dist.ps.feed=steps (threads run engine passes)")
+        return
+    why = "with dist.ps.feed=engine (the engine runs whole passes over whole files, with no step between)"
+    if ps.sync == "sync" and ps.servers:
+        raise ConfigError("dist.ps.sync", "sync", f"async or geo {why}: sync trainers meet after every step")
+    if cfg.data.name != "criteo" or not cfg.data.val_path:
+        raise ConfigError(
+            "data.val_path" if cfg.data.name == "criteo" else "data",
+            cfg.data.val_path if cfg.data.name == "criteo" else cfg.data.name,
+            f"data=criteo with a data.val_path {why}: the held-out rows cannot come from the training files",
+        )
+    for key, attr, allowed in _PER_STEP:
+        section, name = attr.split(".")
+        value = getattr(getattr(cfg, section), name)
+        if value not in (None, 0):
+            raise ConfigError(key, value, f"{allowed} {why}")
+    files = criteo_files.list_files(cfg.data.path)
+    if len(files) < ps.trainers:
+        raise ConfigError(
+            "data.path",
+            cfg.data.path,
+            f"a folder of at least dist.ps.trainers={ps.trainers} files {why} (it holds {len(files)})",
+        )
 
 
 def processes_per_node(cfg: Any) -> int:

@@ -52,16 +52,20 @@ def count_lines(path: str) -> int:
     return lines + (last != b"\n")
 
 
+def list_files(path: str) -> List[str]:
+    """``path`` itself, or a folder's visible files sorted by name."""
+    if os.path.isfile(path):
+        return [path]
+    return sorted(str(p) for p in Path(path).iterdir() if p.is_file() and not p.name.startswith("."))
+
+
 def find_parts(path: Optional[str], key: str = "data.path") -> List[Part]:
     """The files of ``path`` (a file, or a folder's visible files sorted by name), counted."""
     if not path or not os.path.exists(path):
         raise ConfigError(key, path, f"{ALLOWED}, existing")
-    if os.path.isfile(path):
-        files = [path]
-    else:
-        files = sorted(str(p) for p in Path(path).iterdir() if p.is_file() and not p.name.startswith("."))
-        if not files:
-            raise ConfigError(key, path, f"{ALLOWED}; this folder holds no files")
+    files = list_files(path)
+    if not files:
+        raise ConfigError(key, path, f"{ALLOWED}; this folder holds no files")
     parts, first = [], 0
     for file in files:
         lines = count_lines(file)
@@ -148,6 +152,10 @@ class FileRows:
     @property
     def rows(self) -> int:
         return sum(s.rows for s in self.segments)
+
+    def whole_files(self) -> List[str]:
+        """The share's files, each read whole (dist.ps.feed=engine gives the engine files)."""
+        return [s.path for s in self.segments]
 
     def batches(self, batch_size: int, worker: int = 0, workers: int = 1, skip: int = 0) -> Iterator[CtrData]:
         """Batches ``skip+worker, skip+worker+workers, ...`` of the share's whole batches: loader

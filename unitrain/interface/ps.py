@@ -7,12 +7,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, Optional, Protocol, cast
+from typing import Any, Callable, Dict, Iterable, Optional, Protocol, cast
 
 import numpy as np
 
 from unitrain.data.criteo import CtrData
-from unitrain.data.criteo_files import Share
+from unitrain.data.criteo_files import FileRows, Share
 from unitrain.interface import modules
 
 
@@ -40,6 +40,15 @@ class Role:
         return f"{'serverlog' if self.kind == 'server' else 'workerlog'}.{self.index}"
 
 
+@dataclass(frozen=True, kw_only=True)
+class PassResult:
+    """A pass over a trainer's files that the engine ran by itself (dist.ps.feed=engine)."""
+
+    rows: int
+    seconds: float
+    loss: float  # the loss of a batch near the end of the pass (the engine's thread 0)
+
+
 class PsProgram(ABC):
     """One process of a parameter-server job, as a backend builds it (``build(cfg, role)``)."""
 
@@ -51,6 +60,13 @@ class PsProgram(ABC):
         """The trainer's batches in order from batch ``skip``, parsed by up to ``workers`` loader
         workers (data.num_workers); by default in the trainer's own thread."""
         return share.batches(batch_size, skip=skip)
+
+    def train_pass(
+        self, share: FileRows, batch_size: int, threads: int, progress: Callable[[float], None]
+    ) -> PassResult:
+        """dist.ps.feed=engine: one pass over the share's whole files, read and stepped by the
+        engine in ``threads`` threads; ``progress(loss)`` is called now and then."""
+        raise NotImplementedError
 
     @abstractmethod
     def train_batch(self, batch: CtrData) -> float:

@@ -62,14 +62,15 @@ class DeathWatch:
     cannot act on)."""
 
     def __init__(self, run_dir: Path):
-        self.run_dir, self.gone = run_dir, {}  # rank -> time.monotonic() when first seen gone
+        # rank -> when first seen gone, in the clock of the workers' own reports (time.time())
+        self.run_dir, self.gone = run_dir, {}
 
     def poll(self) -> None:
         for s in worker_statuses(self.run_dir):
             if s["status"] == "running" and s["rank"] not in self.gone:
                 start = processes.start_time(s["pid"])
                 if start is None or s.get("start", start) != start or zombie(s["pid"]):
-                    self.gone[s["rank"]] = time.monotonic()
+                    self.gone[s["rank"]] = time.time()
 
 
 def _read(path: Path) -> str:
@@ -99,13 +100,29 @@ def _roles(statuses: List[Dict[str, Any]], run_dir: Path, gone: Dict[int, float]
         first = min(gone[s["rank"]] for s in vanished)
         after = [s for s in vanished if gone[s["rank"]] > first + 2 * DEATH_POLL_S]
         vanished = [s for s in vanished if s not in after]
-    culprits = vanished or sorted(causes, key=lambda s: s.get("time", 0))[:1] or ended
+    culprits = _failed_first(causes, vanished, gone) or vanished or sorted(causes, key=_when)[:1] or ended
     return {
         "culprits": culprits,
         "followers": [s for s in ended if s not in culprits and s not in after],
         "stopped": [s for s in statuses if s["status"] == "terminated"],
         "after": after,
     }
+
+
+def _when(status: Dict[str, Any]) -> float:
+    return status.get("time", 0)
+
+
+def _failed_first(
+    causes: List[Dict[str, Any]], vanished: List[Dict[str, Any]], gone: Dict[int, float]
+) -> List[Dict[str, Any]]:
+    """A rank that failed (and said why) before any of the vanished ones was seen gone: they
+    died of its leaving (a Paddle parameter server crashes when a trainer leaves mid-job)."""
+    if not vanished or not all(v["rank"] in gone for v in vanished):
+        return []
+    first_gone = min(gone[v["rank"]] for v in vanished)
+    failed = [s for s in causes if s["status"] == "failed" and _when(s) < first_gone]
+    return sorted(failed, key=_when)[:1]
 
 
 def _shared_refusal(processes: List[Dict[str, Any]]) -> Optional[UnitrainError]:

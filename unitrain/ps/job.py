@@ -152,7 +152,7 @@ def train(
         f", resumed after step {start} from {resumed.path}" if resumed else "",
     )
     try:
-        step = _epochs(job, start)
+        step = _passes(job) if cfg.dist.ps.feed == "engine" else _epochs(job, start)
         train_time = time.perf_counter() - out.started - out.eval_time
         program.end_training()
         if data.held_out is not None:
@@ -178,6 +178,29 @@ def _epochs(job: _Job, start: int) -> int:
             _after_step(job, step)
         del batches  # its loader workers end with it
     return step
+
+
+def _passes(job: _Job) -> int:
+    """dist.ps.feed=engine: the engine runs each epoch as one pass over the trainer's files; a
+    pass is recorded as one step of all its rows."""
+    cfg, out, role = job.cfg, job.out, job.role
+    batch_size, threads = cfg.trainer.batch_size, cfg.dist.ps.threads
+
+    def progress(loss: float) -> None:
+        log.info("%s: loss %.4f at %.0f s", role.name, loss, time.perf_counter() - out.started)
+
+    steps = 0
+    for epoch in range(cfg.trainer.epochs):
+        done = job.program.train_pass(job.data.share, batch_size, threads, progress)
+        batches = math.ceil(done.rows / batch_size)
+        steps += batches
+        ips = done.rows / done.seconds
+        # None: the pass ended before the engine's first reading of its loss.
+        loss = done.loss if math.isfinite(done.loss) else None
+        record = {"step": steps, "epoch": epoch, "loss": loss, "batch_cost": done.seconds, "ips": ips}
+        out.step({**record, "batches": batches, "rows": done.rows})
+        log.info("%s pass %d: %d rows in %.1f s, %.0f examples/s", role.name, epoch + 1, done.rows, done.seconds, ips)
+    return steps
 
 
 def _after_step(job: _Job, step: int) -> None:
@@ -220,7 +243,10 @@ def _trainer_result(
     train_time: float,
 ) -> Dict[str, Any]:
     """ps/trainer<i>.json: what the main process sums into the job's summary."""
-    records, steps = out.steps, len(out.steps)
+    # A pass the engine ran is one record of many batches (dist.ps.feed=engine).
+    records = out.steps
+    steps = sum(r.get("batches", 1) for r in records)
+    examples = sum(r.get("rows", batch_size) for r in records)
     timed = [r["ips"] for r in records[WARMUP_STEPS:]] or [r["ips"] for r in records]
     result = {
         "role": role.name,
@@ -229,15 +255,21 @@ def _trainer_result(
         "steps": steps,
         "examples_per_s": statistics.median(timed),
         # All rows over all the time the loop took, stalls included.
-        "examples_per_s_overall": steps * batch_size / train_time if train_time > 0 else None,
+        "examples_per_s_overall": examples / train_time if train_time > 0 else None,
         "train_time_s": train_time,
-        "final_loss": statistics.fmean(r["loss"] for r in records[-10:]),
-        "first_loss": records[0]["loss"],
+        "final_loss": _mean([r["loss"] for r in records[-10:]]),
+        # A pass run by the engine has no first step of its own.
+        "first_loss": None if "batches" in records[0] else records[0]["loss"],
         "eval": out.evals[-1] if out.evals else None,
         "observed": program.observed(),
         "peak_rss_mb": peak_rss_mb(),
     }
     return result
+
+
+def _mean(values: List[Optional[float]]) -> Optional[float]:
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else None
 
 
 def _write_result(run_dir: Path, role: Role, result: Dict[str, Any]) -> None:
@@ -303,7 +335,7 @@ def summarize(cfg, run_dir: Path, wall: float) -> Dict[str, Any]:
         "examples_per_s": sum(r["examples_per_s"] for r in results),
         "examples_per_s_overall": sum(r["examples_per_s_overall"] or 0 for r in results),
         "first_loss": first["first_loss"],
-        "final_loss": statistics.fmean(r["final_loss"] for r in results),
+        "final_loss": _mean([r["final_loss"] for r in results]),
         "eval": first["eval"],
         "resumed_from": first.get("resumed_from"),
         "observed": first["observed"],

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -75,7 +75,7 @@ def rows(found: List[Tuple[Path, Dict[str, Any]]]) -> List[Dict[str, str]]:
                 "examples/s total": f"{s['examples_per_s']:.0f}",
                 "held-out AUC": f"{evaluation['val_auc']:.4f}" if evaluation else "n/a",
                 "held-out log loss": f"{evaluation['val_logloss']:.4f}" if evaluation else "n/a",
-                "train loss first -> last": f"{s['first_loss']:.4f} -> {s['final_loss']:.4f}",
+                "train loss first -> last": f"{_loss(s['first_loss'])} -> {_loss(s['final_loss'])}",
                 "optimizer": s.get("optimizer", "n/a"),
                 "table rows": f"{s['tables']['rows']:,}" if s.get("tables") else "n/a",
                 "peak RSS MB servers / trainers": _memory(s),
@@ -107,7 +107,7 @@ def plot(found: List[Tuple[Path, Dict[str, Any]]], path: Path) -> Path:
         records = (
             [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.exists() else []
         )
-        steps = [r for r in records if "loss" in r]
+        steps = [r for r in records if r.get("loss") is not None]
         if len(steps) >= SMOOTH:
             # A moving mean: one batch's loss is too noisy to tell the rows apart.
             losses = np.convolve([r["loss"] for r in steps], np.ones(SMOOTH) / SMOOTH, mode="valid")
@@ -134,3 +134,7 @@ def plot(found: List[Tuple[Path, Dict[str, Any]]], path: Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _loss(value: Optional[float]) -> str:
+    return "n/a" if value is None else f"{value:.4f}"
