@@ -35,6 +35,10 @@ from conftest import BACKENDS, FAST
         ),
         (["dist.node_rank=1"], "dist.node_rank=1 is not allowed: an integer in [0, 1) (dist.nnodes=1)"),
         (["dist.nnodes=2"], "dist.master_port=None is not allowed: a port number that every node uses"),
+        (
+            ["dist.nnodes=2", "dist.master_port=29561", "dist.interface=nosuch0"],
+            "dist.interface='nosuch0' is not allowed: an interface of this host with an IPv4 address: ",
+        ),
         (["dist.nproc_per_node=0"], "dist.nproc_per_node=0 is not allowed: a finite number > 0"),
         (["trainer.threads=1000"], "trainer.threads=1000 is not allowed: at most"),
         (["trainer.checkpoint_every=-1"], "trainer.checkpoint_every=-1 is not allowed: an integer >= 0"),

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional
 
 from unitrain.config.schema import DistConfig
 from unitrain.errors import UnitrainError
+from unitrain.host.network import NodeNetwork
 from unitrain.interface.launch import Launcher, busy_port_error
 from unitrain.interface.ps import Role
 
@@ -35,6 +36,11 @@ class _PaddleLauncher(Launcher):
             # port; with --ips and --start_port the store (PADDLE_MASTER) is <ips>:<start_port>.
             opts += ["--ips", dist.master_addr, "--start_port", str(dist.master_port)]
         return opts
+
+    def network_env(self, network: NodeNetwork) -> Dict[str, str]:
+        # POD_IP is --host: the address this node registers with the master, which otherwise
+        # is what the host name resolves to (often 127.0.0.1, unreachable from the others).
+        return {**super().network_env(network), "POD_IP": network.address}
 
     def ps_options(self, dist: DistConfig, run_dir: Path) -> List[str]:
         # --server_num/--trainer_num select the parameter-server controller (--worker_num would

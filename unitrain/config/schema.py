@@ -340,6 +340,9 @@ class DistConfig:
     sync_bn: bool = False
     # Seconds the nodes of a multi-node job wait for each other at rendezvous before giving up.
     timeout_s: float = 300.0
+    # The network interface this node's workers talk on (gloo's GLOO_SOCKET_IFNAME, Paddle's
+    # node address); None: the one this host reaches dist.master_addr through.
+    interface: Optional[str] = None
     # Gradient all-reduce levers, the frameworks' own. bucket_cap_mb: how many MB of gradients
     # go into one all-reduce (torch DDP's bucket_cap_mb, Paddle's fuse_grad_size_in_MB); None
     # keeps the framework's default (25 MB in both). grad_compression: fp16 sends gradients as

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import List, Mapping, Optional, Protocol, cast
+from typing import Dict, List, Mapping, Optional, Protocol, cast
 
 from unitrain.config.schema import DistConfig
 from unitrain.errors import UnitrainError
+from unitrain.host.network import NodeNetwork
 from unitrain.interface import modules
 from unitrain.interface.ps import Role
 
@@ -38,6 +39,11 @@ class Launcher(ABC):
     @abstractmethod
     def ps_options(self, dist: DistConfig, run_dir: Path) -> List[str]:
         """The launcher's options for dist.ps.servers servers and dist.ps.trainers trainers."""
+
+    def network_env(self, network: NodeNetwork) -> Dict[str, str]:
+        """Variables that make the launcher and its workers talk on ``network`` (several nodes):
+        gloo binds to what the host name resolves to unless told an interface."""
+        return {"GLOO_SOCKET_IFNAME": network.interface}
 
     def known_failure(
         self, dist: DistConfig, launcher_log: str, worker_logs: List[str], started: bool

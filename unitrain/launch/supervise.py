@@ -24,6 +24,7 @@ from unitrain.config.schema import UnitrainConfig
 from unitrain.config.validation import processes_per_node
 from unitrain.entry import worker
 from unitrain.errors import NothingLeftToRun, Refusal, UnitrainError
+from unitrain.host.network import node_network
 from unitrain.host.ports import port_in_use
 from unitrain.host.threads import available_cores, resolve_threads
 from unitrain.interface.launch import Launcher, busy_port_error, launch_module, not_joined_error
@@ -147,11 +148,22 @@ def launch(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]
     check_before_launch(cfg)
     config_file = write_worker_config(cfg, run_dir)
     command = launcher_command(launcher, cfg, run_dir, config_file)
+    env = _network_env(cfg.dist, launcher)
     log.info("launching %d worker(s) on this node: %s", cfg.dist.nproc_per_node, shlex.join(command))
     # This node's first worker: rank 0 of the job on node 0.
     follower = LogFollower(run_dir / "workerlog.0", f"[rank {cfg.dist.node_rank * cfg.dist.nproc_per_node}] ")
-    supervise(cfg, run_dir, launcher, command, follower)
+    supervise(cfg, run_dir, launcher, command, follower, env=env)
     return _finished(run_dir)
+
+
+def _network_env(dist: Any, launcher: Launcher) -> Dict[str, str]:
+    """Several nodes (or a named dist.interface): the interface this node talks on, set for the
+    launcher and its workers."""
+    if dist.nnodes == 1 and dist.interface is None:
+        return {}
+    network = node_network(dist.interface, dist.master_addr)
+    log.info("node %d talks on %s (%s)", dist.node_rank, network.interface, network.address)
+    return launcher.network_env(network)
 
 
 def supervise(

@@ -1,0 +1,69 @@
+"""Which network interface a node of a multi-node job speaks on.
+
+On one machine every address is loopback and nothing needs choosing. Between hosts, gloo (torch's
+and Paddle's) binds to the address the host name resolves to, which on many machines is
+127.0.0.1 or 127.0.1.1 (Debian's /etc/hosts), and its peers then try to reach that. So a
+multi-node job names its interface: ``dist.interface`` when given, otherwise the one this host
+reaches ``dist.master_addr`` through (as the routing table says; node 0 finds its own address).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import socket
+import struct
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+from unitrain.errors import ConfigError
+
+SIOCGIFADDR = 0x8915  # <linux/sockios.h>
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeNetwork:
+    interface: str
+    address: str  # this node's IPv4 address on it
+
+
+def addresses() -> Dict[str, str]:
+    """Every interface of this host that has an IPv4 address: name -> address."""
+    out = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _, name in socket.if_nameindex():
+            request = struct.pack("256s", name.encode()[:15])
+            try:
+                reply = fcntl.ioctl(probe.fileno(), SIOCGIFADDR, request)
+            except OSError:
+                continue  # no IPv4 address
+            out[name] = socket.inet_ntoa(reply[20:24])
+    return out
+
+
+def _route_to(host: str) -> Optional[str]:
+    """The local address the kernel would send from to reach ``host`` (nothing is sent)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            return probe.getsockname()[0]
+    except OSError:
+        return None
+
+
+def node_network(interface: Optional[str], master_addr: str) -> NodeNetwork:
+    """The interface a node speaks on: ``interface`` (dist.interface), or the route to the master."""
+    found = addresses()
+    if interface is not None:
+        if interface not in found:
+            listed = ", ".join(f"{n} ({a})" for n, a in sorted(found.items())) or "none"
+            raise ConfigError("dist.interface", interface, f"an interface of this host with an IPv4 address: {listed}")
+        return NodeNetwork(interface=interface, address=found[interface])
+    local = _route_to(master_addr)
+    names = [n for n, a in found.items() if a == local]
+    if not names:
+        raise ConfigError(
+            "dist.master_addr",
+            master_addr,
+            "an address this host can reach (no interface routes to it; name one with dist.interface)",
+        )
+    return NodeNetwork(interface=names[0], address=local)
