@@ -11,7 +11,7 @@ PS_STAMP := $(PS_VENV)/.installed
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: run test test-slow test-all lint format bench recipe setup ps-env clean fashion-mnist
+.PHONY: run test test-slow test-all lint format bench recipe setup ps-env clean fashion-mnist netns
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,16 +41,26 @@ fashion-mnist:
 	  echo "could not install dataset-fashion-mnist: the Fashion-MNIST tests will skip"; \
 	else echo "Fashion-MNIST is not installed and this is not root with apt-get: the Fashion-MNIST tests will skip"; fi
 
+# iproute2 (`ip netns`) for the multi-node tests' separate hosts (scripts/netns_hosts.py), as
+# root with apt-get; otherwise those tests skip and say why.
+netns:
+	@if command -v ip >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2 >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q iproute2 >/dev/null 2>&1; } || \
+	  echo "could not install iproute2: the multi-node tests will skip"; \
+	else echo "iproute2 is not installed and this is not root with apt-get: the multi-node tests will skip"; fi
+
 run: $(STAMP)
 	$(PY) -m unitrain -m backend=paddle,torch
 
 # README's test command: every test not marked slow, under 15 minutes on 2 cores. The slow ones
-# (wheel install, multi-process jobs, quantization, parameter servers, the benchmark harness) run
+# (wheel install, multi-process jobs, multi-node hosts, quantization, parameter servers, the benchmark harness) run
 # with `make test-slow`; CI (.ci/run) runs both.
 test: $(STAMP) $(PS_STAMP) fashion-mnist
 	$(PY) -m pytest -q -m "not slow" --durations=10
 
-test-slow: $(STAMP) $(PS_STAMP) fashion-mnist
+test-slow: $(STAMP) $(PS_STAMP) fashion-mnist netns
 	$(PY) -m pytest -q -m slow --durations=20
 
 test-all: test test-slow

@@ -39,6 +39,16 @@ from conftest import BACKENDS, FAST
             ["dist.nnodes=2", "dist.master_port=29561", "dist.interface=nosuch0"],
             "dist.interface='nosuch0' is not allowed: an interface of this host with an IPv4 address: ",
         ),
+        (
+            ["backend=paddle", "dist.max_restarts=1"],
+            "dist.max_restarts=1 is not allowed: 0 with backend=paddle (paddle.distributed.launch restarts workers "
+            "only in elastic jobs",
+        ),
+        (
+            ["dist.max_restarts=1", "dist.nnodes=2", "dist.master_port=29561"],
+            "dist.max_restarts=1 is not allowed: 0 with dist.nnodes > 1",
+        ),
+        (["dist.max_restarts=-1"], "dist.max_restarts=-1 is not allowed: an integer >= 0"),
         (["dist.nproc_per_node=0"], "dist.nproc_per_node=0 is not allowed: a finite number > 0"),
         (["trainer.threads=1000"], "trainer.threads=1000 is not allowed: at most"),
         (["trainer.checkpoint_every=-1"], "trainer.checkpoint_every=-1 is not allowed: an integer >= 0"),

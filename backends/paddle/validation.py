@@ -53,6 +53,15 @@ def check(cfg: Any) -> None:
             cfg.trainer.checkpoint_every,
             "0 with dist.ps.sync=geo on backend=paddle (Fleet's geo tables cannot be saved; sync or async save them)",
         )
+    if cfg.dist.max_restarts:
+        # CollectiveController ends the pod at the first failure whatever --max_restart says;
+        # only CollectiveElasticController, chosen by an etcd:// --master, restarts it.
+        raise ConfigError(
+            "dist.max_restarts",
+            cfg.dist.max_restarts,
+            "0 with backend=paddle (paddle.distributed.launch restarts workers only in elastic jobs, whose "
+            "--master is an etcd server, which unitrain does not start yet)",
+        )
     if cfg.amp.impl == "apex":
         raise ConfigError("amp.impl", "apex", "native with backend=paddle (NVIDIA Apex is a PyTorch extension)")
     check_all_reduce(cfg.dist)

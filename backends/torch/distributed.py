@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from datetime import timedelta
 from typing import Any, Iterator
 
 import numpy as np
@@ -25,6 +26,8 @@ from .validation import check_all_reduce
 
 __all__ = ["make_context"]
 
+#: How long a restarted worker waits for the agent's store.
+STORE_TIMEOUT = timedelta(minutes=5)
 _OPS = {"sum": tdist.ReduceOp.SUM, "max": tdist.ReduceOp.MAX, "min": tdist.ReduceOp.MIN}
 _COMPRESSION_HOOKS = {"fp16": default_hooks.fp16_compress_hook, "bf16": default_hooks.bf16_compress_hook}
 
@@ -77,7 +80,22 @@ class TorchDistributedContext(DistributedContext):
         if self.device.startswith("cuda"):
             torch.cuda.set_device(self.device)
         if self.is_distributed and not tdist.is_initialized():
-            tdist.init_process_group(backend=self.comm_backend, init_method="env://")
+            restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            if restart != "0" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+                # A restart (dist.max_restarts) meets in the agent's store that the attempt
+                # before it used: gloo would read the dead workers' addresses there and hang.
+                # A prefix per attempt keeps each attempt's keys its own.
+                store = tdist.TCPStore(
+                    os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=STORE_TIMEOUT
+                )
+                tdist.init_process_group(
+                    backend=self.comm_backend,
+                    store=tdist.PrefixStore(f"unitrain/attempt{restart}", store),
+                    rank=int(os.environ["RANK"]),
+                    world_size=int(os.environ["WORLD_SIZE"]),
+                )
+            else:
+                tdist.init_process_group(backend=self.comm_backend, init_method="env://")
         return super().setup()
 
     def teardown(self) -> None:

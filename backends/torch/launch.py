@@ -27,7 +27,9 @@ class _TorchLauncher(Launcher):
         port = dist.master_port or free_port()
         opts = ["--nproc_per_node", str(dist.nproc_per_node), "--nnodes", str(dist.nnodes)]
         opts += ["--node_rank", str(dist.node_rank), "--master_addr", dist.master_addr]
-        opts += ["--master_port", str(port), "--max_restarts", "0"]
+        # --max_restarts: torchrun restarts this node's workers after one fails (its static
+        # rendezvous keeps one store for every attempt: the workers prefix their keys).
+        opts += ["--master_port", str(port), "--max_restarts", str(dist.max_restarts)]
         if dist.nnodes > 1:
             # The static rendezvous (a TCPStore on node 0) waits this long for the other nodes,
             # node 0 for clients, the others to connect; it takes whole seconds (default 600).

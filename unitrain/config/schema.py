@@ -343,6 +343,10 @@ class DistConfig:
     # The network interface this node's workers talk on (gloo's GLOO_SOCKET_IFNAME, Paddle's
     # node address); None: the one this host reaches dist.master_addr through.
     interface: Optional[str] = None
+    # Times the framework's launcher may restart this node's workers after one fails (torchrun's
+    # --max-restarts, Paddle's --max_restart with --elastic_level 1); a restarted worker resumes
+    # from the run's latest checkpoint (trainer.checkpoint_every), or from the start without one.
+    max_restarts: int = 0
     # Gradient all-reduce levers, the frameworks' own. bucket_cap_mb: how many MB of gradients
     # go into one all-reduce (torch DDP's bucket_cap_mb, Paddle's fuse_grad_size_in_MB); None
     # keeps the framework's default (25 MB in both). grad_compression: fp16 sends gradients as

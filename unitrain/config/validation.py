@@ -165,6 +165,11 @@ def _check_dist(cfg: Any) -> None:
         )
     check_all_reduce_levers(dist)
     _positive("dist.timeout_s", dist.timeout_s)
+    _at_least("dist.max_restarts", dist.max_restarts, 0)
+    if dist.max_restarts and dist.nnodes > 1:
+        raise ConfigError(
+            "dist.max_restarts", dist.max_restarts, "0 with dist.nnodes > 1 (restarts are tested on one node only)"
+        )
     micro = BatchPlan.micro_batch_of(cfg, dist.nproc_per_node * dist.nnodes)
     if micro < 2 and not cfg.model.freeze_bn:
         raise ConfigError(
@@ -258,6 +263,12 @@ def _check_ps(cfg: Any) -> None:
     if cfg.data.name not in PS_DATASETS:
         raise ConfigError("data", cfg.data.name, f"one of {', '.join(PS_DATASETS)} with dist.mode=ps")
     _one_of("optim.name", cfg.optim.name, PS_OPTIMIZERS)
+    if cfg.dist.max_restarts:
+        raise ConfigError(
+            "dist.max_restarts",
+            cfg.dist.max_restarts,
+            "0 with dist.mode=ps (a restarted server would come back with empty tables)",
+        )
     if cfg.dist.nproc_per_node != 1 or cfg.dist.nnodes != 1:
         raise ConfigError(
             "dist.nproc_per_node",

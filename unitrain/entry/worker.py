@@ -76,8 +76,19 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _identity(args: argparse.Namespace) -> tuple[Optional[Any], Status, str]:
-    """This worker's role (parameter server jobs), its status writer and its log file's name."""
+def _attempt(run_dir: Path, rank: int, job: str) -> int:
+    """0, or how many times the launcher restarted this rank in this job (dist.max_restarts):
+    its earlier status, written for the same main process, says how many times it ran."""
+    try:
+        previous = json.loads((run_dir / ".workers" / f"rank{rank}.json").read_text())
+    except (OSError, ValueError):
+        return 0
+    return previous.get("attempt", 0) + 1 if previous.get("job") == job else 0
+
+
+def _identity(args: argparse.Namespace) -> tuple[Optional[Any], Status, str, int]:
+    """This worker's role (parameter server jobs), its status writer, its log file's name and
+    its attempt (0 unless the launcher restarted it)."""
     rank, local_rank = int(os.environ.get(args.rank_env, "0")), int(os.environ.get(args.local_rank_env, "0"))
     # Numbered by rank on this node, as paddle.distributed.launch numbers its logs.
     log_name, role = f"workerlog.{local_rank}", None
@@ -88,7 +99,10 @@ def _identity(args: argparse.Namespace) -> tuple[Optional[Any], Status, str]:
         rank = local_rank = role.rank
         log_name = role.log_file
     named = {"name": role.name, "log": role.log_file} if role else {}
-    return role, functools.partial(_status, Path(args.run_dir), rank, local_rank, **named), log_name
+    job = f"{args.main_pid}:{args.main_start}"
+    attempt = _attempt(Path(args.run_dir), rank, job)
+    status = functools.partial(_status, Path(args.run_dir), rank, local_rank, job=job, attempt=attempt, **named)
+    return role, status, log_name, attempt
 
 
 def _log_to(run_dir: Path, log_name: Optional[str]) -> None:
@@ -126,7 +140,7 @@ def _tie_to_main_process(args: argparse.Namespace, parent: int, status: Status) 
     processes.watch(args.main_pid, main_started, on_main_gone)
 
 
-def _run(args: argparse.Namespace, role: Optional[Any], on_sigterm: Callable) -> None:
+def _run(args: argparse.Namespace, role: Optional[Any], on_sigterm: Callable, attempt: int) -> None:
     from omegaconf import OmegaConf
 
     from unitrain.config.schema import UnitrainConfig
@@ -144,14 +158,18 @@ def _run(args: argparse.Namespace, role: Optional[Any], on_sigterm: Callable) ->
     signal.signal(signal.SIGTERM, on_sigterm)
     if role:
         run_process(cfg, Path(args.run_dir), role)
-    else:
-        train(cfg, Path(args.run_dir))
+        return
+    if attempt:
+        from unitrain.train.restarts import resume_after_restart
+
+        resume_after_restart(cfg, Path(args.run_dir), int(os.environ.get(args.rank_env, "0")), attempt)
+    train(cfg, Path(args.run_dir))
 
 
 def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()
     args = _arguments(argv)
-    role, status, log_name = _identity(args)
+    role, status, log_name, attempt = _identity(args)
     _log_to(Path(args.run_dir), log_name if args.workerlog else None)
 
     def on_sigterm(signum: int, frame: Any) -> None:
@@ -165,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     from unitrain.errors import NothingLeftToRun, Refusal, UnitrainError
 
     try:
-        _run(args, role, on_sigterm)
+        _run(args, role, on_sigterm, attempt)
     except NothingLeftToRun as err:
         print(f"unitrain: {err}", flush=True)
         status(status="done", nothing_left=str(err))

@@ -41,6 +41,7 @@ from unitrain.launch.workers import (
 )
 from unitrain.ps import checkpoint as ps_checkpoint
 from unitrain.ps.job import summarize
+from unitrain.train import restarts
 
 log = logging.getLogger("unitrain")
 
@@ -153,6 +154,8 @@ def launch(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]
     # This node's first worker: rank 0 of the job on node 0.
     follower = LogFollower(run_dir / "workerlog.0", f"[rank {cfg.dist.node_rank * cfg.dist.nproc_per_node}] ")
     supervise(cfg, run_dir, launcher, command, follower, env=env)
+    if cfg.dist.max_restarts:
+        restarts.add_to_summary(run_dir)
     return _finished(run_dir)
 
 

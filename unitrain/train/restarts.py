@@ -1,0 +1,85 @@
+"""dist.max_restarts: what a worker does when the framework's launcher restarted it.
+
+torchrun (``--max-restarts``) and Paddle's launcher (``--max_restart`` with ``--elastic_level 1``)
+restart every worker of a node after one fails; unitrain's part is that the restarted workers
+continue the run instead of starting it again: each resumes from the run's latest checkpoint
+(the same one on every rank: a checkpoint is renamed into place whole), or from step 0 when none
+was written yet, and rank 0 records the restart in ``restarts.jsonl``: the step the run had
+reached and the step it resumed after, whose difference is the steps repeated. The main process
+adds them up in ``summary.json`` (:func:`summarize`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from unitrain.host.atomic import replace_text
+
+log = logging.getLogger("unitrain")
+
+RESTARTS = "restarts.jsonl"
+
+
+def _latest_step(run_dir: Path) -> Optional[int]:
+    latest = run_dir / "checkpoints" / "latest"
+    if not latest.exists():
+        return None
+    meta = run_dir / "checkpoints" / latest.read_text().strip() / "meta.json"
+    return int(json.loads(meta.read_text())["step"]) if meta.exists() else None
+
+
+def _reached_step(run_dir: Path) -> int:
+    """The last training step the failed attempt recorded in metrics.jsonl."""
+    path = run_dir / "metrics.jsonl"
+    steps = [0]
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by the failure
+            if "loss" in record:
+                steps.append(int(record["step"]))
+    return max(steps)
+
+
+def resume_after_restart(cfg: Any, run_dir: Path, rank: int, attempt: int) -> None:
+    """Point ``cfg.trainer.resume`` at the run's own latest checkpoint (none: start again)."""
+    resumed = _latest_step(run_dir)
+    cfg.trainer.resume = str(run_dir) if resumed is not None else None
+    log.info(
+        "restart %d of at most %d: %s",
+        attempt,
+        cfg.dist.max_restarts,
+        f"resuming after step {resumed}" if resumed is not None else "no checkpoint yet, starting again",
+    )
+    if rank != 0:
+        return
+    record = {"attempt": attempt, "reached_step": _reached_step(run_dir), "resumed_after_step": resumed or 0}
+    with open(run_dir / RESTARTS, "a", encoding="utf-8") as f:
+        f.write(json.dumps({**record, "time": time.time()}) + "\n")
+
+
+def summarize(run_dir: Path) -> Optional[Dict[str, Any]]:
+    """The job's restarts for summary.json, or None when there were none."""
+    path = run_dir / RESTARTS
+    if not path.exists():
+        return None
+    events: List[Dict[str, Any]] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    repeated = sum(max(0, e["reached_step"] - e["resumed_after_step"]) for e in events)
+    return {"count": len(events), "steps_repeated": repeated, "events": events}
+
+
+def add_to_summary(run_dir: Path) -> Optional[Dict[str, Any]]:
+    """Write the restarts into rank 0's summary.json; the summary, updated."""
+    summary_path, restarts = run_dir / "summary.json", summarize(run_dir)
+    if not summary_path.exists():
+        return None
+    summary = json.loads(summary_path.read_text())
+    summary["restarts"] = restarts or {"count": 0, "steps_repeated": 0, "events": []}
+    replace_text(summary_path, json.dumps(summary, indent=2) + "\n")
+    return summary
