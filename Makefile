@@ -11,13 +11,13 @@ PS_STAMP := $(PS_VENV)/.installed
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: run test test-slow test-all lint format bench recipe setup ps-env clean fashion-mnist netns
+.PHONY: run test test-slow test-all lint format bench recipe setup ps-env clean fashion-mnist netns slurm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch==2.13.0 is pinned in the extra; a looser pin would pull several GB of CUDA packages.
-	$(PY) -m pip install --quiet -e '.[paddle,torch,dev,export,quantize]'
+	$(PY) -m pip install --quiet -e '.[paddle,torch,dev,export,quantize,cluster]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -51,6 +51,16 @@ netns:
 	  echo "could not install iproute2: the multi-node tests will skip"; \
 	else echo "iproute2 is not installed and this is not root with apt-get: the multi-node tests will skip"; fi
 
+# Debian's slurm-wlm and munge for the SLURM sweep tests (scripts/slurm_cluster.py starts a
+# one-node cluster from them), as root with apt-get; otherwise those tests skip and say why.
+slurm:
+	@if command -v slurmctld >/dev/null && command -v munged >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm munge >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm munge >/dev/null 2>&1; } || \
+	  echo "could not install slurm-wlm: the SLURM tests will skip"; \
+	else echo "slurm-wlm is not installed and this is not root with apt-get: the SLURM tests will skip"; fi
+
 run: $(STAMP)
 	$(PY) -m unitrain -m backend=paddle,torch
 
@@ -60,7 +70,7 @@ run: $(STAMP)
 test: $(STAMP) $(PS_STAMP) fashion-mnist
 	$(PY) -m pytest -q -m "not slow" --durations=10
 
-test-slow: $(STAMP) $(PS_STAMP) fashion-mnist netns
+test-slow: $(STAMP) $(PS_STAMP) fashion-mnist netns slurm
 	$(PY) -m pytest -q -m slow --durations=20
 
 test-all: test test-slow

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from omegaconf import DictConfig
 from unitrain.config.schema import register_configs
 from unitrain.config.validation import validate
 from unitrain.errors import NothingLeftToRun, Refusal, Stopped, UnitrainError
+from unitrain.launch import slurm
 from unitrain.launch.hydra import discard_refused, hydra_entry
 from unitrain.launch.supervise import launch, launch_ps, run_isolated
 from unitrain.report.training import table, write_report
@@ -41,6 +43,7 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         # stopped, metrics are flushed.
         signal.signal(sig, _raise_stopped)
     try:
+        slurm.apply(cfg, HydraConfig.get().overrides.task, os.environ)
         validate(cfg)
         job = _choose(cfg)
         if cfg.trainer.repeats == 1:

@@ -14,6 +14,16 @@ from unitrain.report.training import write_report
 class ComparisonReport(Callback):
     """After a sweep: one table of every job, printed, plus comparison.md, plots and report.html."""
 
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # hydra/launcher=joblib: a table of timings from jobs that shared the cores compares little.
+        jobs = config.hydra.launcher.get("n_jobs")
+        if jobs is not None and jobs != 1:
+            print(
+                f"unitrain: the jobs of this sweep run in parallel (hydra.launcher.n_jobs={jobs}): their timings "
+                "compete for the same cores; compare speeds from a sweep with n_jobs=1",
+                flush=True,
+            )
+
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
         if not list(sweep_dir.rglob("summary.json")):
