@@ -134,6 +134,19 @@ def _shared_refusal(processes: List[Dict[str, Any]]) -> Optional[UnitrainError]:
     return kind(errors.pop())
 
 
+def _another_node(
+    run_dir: Path, launcher: Launcher, returncode: int, dist: DistConfig, culprits: List[Dict[str, Any]]
+) -> UnitrainError:
+    """Every rank of this node only lost a peer: the cause is on another node."""
+    worst = run_dir / _log_of(culprits[0])
+    return WorkerFailedError(
+        f"dist.nnodes={dist.nnodes}: {_plural([_name_of(s) for s in culprits])} of node {dist.node_rank} lost the "
+        "connection to another node mid-run (it stopped, or the network between the nodes went away: its own run "
+        f"directory says which); {launcher.module} exited with code {returncode}\nlast lines of {worst}:\n"
+        f"{_tail(worst)}"
+    )
+
+
 def diagnose(
     run_dir: Path,
     launcher: Launcher,
@@ -169,14 +182,7 @@ def diagnose(
             f"output:\n{_tail(run_dir / 'launcher.log')}"
         )
     if dist is not None and dist.nnodes > 1 and all(_lost_a_peer(run_dir, s) for s in culprits):
-        # Every rank here only lost a peer: the cause is on another node.
-        worst = run_dir / _log_of(culprits[0])
-        return WorkerFailedError(
-            f"dist.nnodes={dist.nnodes}: {_plural([_name_of(s) for s in culprits])} of node {dist.node_rank} lost the "
-            "connection to another node mid-run (it stopped, or the network between the nodes went away: its own run "
-            f"directory says which); {launcher.module} exited with code {returncode}\nlast lines of {worst}:\n"
-            f"{_tail(worst)}"
-        )
+        return _another_node(run_dir, launcher, returncode, dist, culprits)
     lines = []
     for s in culprits:
         why = f"failed: {s['error']}" if s["status"] == "failed" else "stopped without reporting (killed by a signal?)"
