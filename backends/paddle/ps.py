@@ -407,14 +407,7 @@ class PaddlePs(PsProgram):
         # for serving: which table is which, and the dense tower as this trainer pulled it.
         runtime = self.fleet.fleet._runtime_handle
         runtime._worker.save_all_model(str(folder), 0)
-        tables = {
-            name: c.table_id()
-            for c in runtime._send_ctx.values()
-            if c.is_sparse()
-            for name in ("deep_table", "wide_table")
-            if name in c.origin_varnames()[0]
-        }
-        (folder / "tables.json").write_text(json.dumps(tables))
+        (folder / "tables.json").write_text(json.dumps(_sparse_tables(runtime)))
         if self.pull_dense:
             self.pull_dense()
         scope = paddle.static.global_scope()
@@ -487,11 +480,8 @@ class PaddlePs(PsProgram):
         if self.role.index != 0:
             return None
         runtime = self.fleet.fleet._runtime_handle
-        deep = [
-            c.table_id() for c in runtime._send_ctx.values() if c.is_sparse() and "deep_table" in c.origin_varnames()[0]
-        ]
         with tempfile.TemporaryDirectory(prefix=".tables-", dir=".") as tmp:
-            runtime._worker.save_one_model(deep[0], tmp, 0)
+            runtime._worker.save_one_model(_sparse_tables(runtime)["deep_table"], tmp, 0)
             rows = 0
             for part in Path(tmp).rglob("part-*"):
                 with gzip.open(part, "rt") if part.suffix == ".gz" else open(part) as f:
@@ -517,6 +507,17 @@ class PaddlePs(PsProgram):
 # The servers' brpc counters (its built-in /vars page on each server's port): requests served.
 # console=1: plain text (brpc answers a browser-like client with HTML).
 COUNTERS = re.compile(r"^cost_profiler_pserver_server_(pull|push)_(sparse|dense)_count : (\d+)$", re.M)
+
+
+def _sparse_tables(runtime: Any) -> Dict[str, int]:
+    """The servers' id of each sparse table, by the program's parameter name."""
+    return {
+        name: c.table_id()
+        for c in runtime._send_ctx.values()
+        if c.is_sparse()
+        for name in ("deep_table", "wide_table")
+        if name in c.origin_varnames()[0]
+    }
 
 
 class _LossHandler(FetchHandler):
@@ -548,18 +549,9 @@ class _ServerView:
         self.scope = paddle.static.Scope()
         program, startup = paddle.static.Program(), paddle.static.Program()
         with paddle.static.program_guard(program, startup):
-            initial, ps.initial = ps.initial, {}
-            try:
-                _, self.prob = ps._build(ps.cfg, server_lookup=True)
-            finally:
-                ps.initial = initial
-        tables = {
-            name: c.table_id()
-            for c in runtime._send_ctx.values()
-            if c.is_sparse()
-            for name in ("deep_table", "wide_table")
-            if name in c.origin_varnames()[0]
-        }
+            # Rebuilding fills ps.initial again with the same values (tower_init is seeded).
+            _, self.prob = ps._build(ps.cfg, server_lookup=True)
+        tables = _sparse_tables(runtime)
         block = program.global_block()
         for index, op in list(enumerate(block.ops)):
             if op.type == "lookup_table_v2":

@@ -299,11 +299,11 @@ def _check_ps(cfg: Any) -> None:
 
 #: What a pass run by the engine cannot have: it runs whole files with no step between.
 _PER_STEP = (
-    ("trainer.steps", "trainer.steps", "null"),
-    ("trainer.checkpoint_every", "trainer.checkpoint_every", "0"),
-    ("trainer.eval_every", "trainer.eval_every", "0"),
-    ("trainer.resume", "trainer.resume", "null"),
-    ("data.num_samples", "data.num_samples", "null (every row of the files)"),
+    ("trainer.steps", "null"),
+    ("trainer.checkpoint_every", "0"),
+    ("trainer.eval_every", "0"),
+    ("trainer.resume", "null"),
+    ("data.num_samples", "null (every row of the files)"),
 )
 
 
@@ -324,8 +324,8 @@ def _check_feed(cfg: Any) -> None:
             cfg.data.val_path if cfg.data.name == "criteo" else cfg.data.name,
             f"data=criteo with a data.val_path {why}: the held-out rows cannot come from the training files",
         )
-    for key, attr, allowed in _PER_STEP:
-        section, name = attr.split(".")
+    for key, allowed in _PER_STEP:
+        section, name = key.split(".")
         value = getattr(getattr(cfg, section), name)
         if value not in (None, 0):
             raise ConfigError(key, value, f"{allowed} {why}")

@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from unitrain.host.atomic import replace_text
+from unitrain.train.checkpoint import read_meta
+from unitrain.train.metrics import metrics_history
 
 log = logging.getLogger("unitrain")
 
@@ -26,25 +29,14 @@ RESTARTS = "restarts.jsonl"
 
 def _latest_step(run_dir: Path) -> Optional[int]:
     latest = run_dir / "checkpoints" / "latest"
-    if not latest.exists():
+    if not latest.is_file():
         return None
-    meta = run_dir / "checkpoints" / latest.read_text().strip() / "meta.json"
-    return int(json.loads(meta.read_text())["step"]) if meta.exists() else None
+    return int(read_meta(latest.parent / latest.read_text().strip())["step"])
 
 
 def _reached_step(run_dir: Path) -> int:
     """The last training step the failed attempt recorded in metrics.jsonl."""
-    path = run_dir / "metrics.jsonl"
-    steps = [0]
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by the failure
-            if "loss" in record:
-                steps.append(int(record["step"]))
-    return max(steps)
+    return max((int(r["step"]) for r in metrics_history(run_dir, math.inf) if "loss" in r), default=0)
 
 
 def resume_after_restart(cfg: Any, run_dir: Path, rank: int, attempt: int) -> None:
