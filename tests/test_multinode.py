@@ -144,3 +144,130 @@ def test_a_node_that_dies_mid_run_ends_the_other_in_seconds(backend, hosts, tmp_
         + stderr.split("exited with code ", 1)[1].split("\n", 1)[0]
     )
     assert netns_hosts._pids(hosts[0].namespace) == []
+
+
+# --- parameter servers over two hosts -------------------------------------------------------
+
+PS_JOB = ["experiment=wide_deep_ps", "data.num_samples=3000", "data.val_samples=1000", "trainer.threads=1"]
+#: torch: sync, whose result does not depend on when pushes land; Paddle: geo with one trainer
+#: (its sync and async runs differ run to run on one node already).
+PS_MODES = {
+    "torch": ["dist.ps.servers=2", "dist.ps.trainers=2", "dist.ps.sync=sync"],
+    "paddle": ["dist.ps.servers=2", "dist.ps.trainers=1", "dist.ps.sync=geo"],
+}
+#: Where each node's processes run: servers on one host and trainers on the other, or mixed.
+PS_LAYOUTS = {
+    "torch": {
+        "split": ["dist.ps.node_servers=[2,0]", "dist.ps.node_trainers=[0,2]"],
+        "mixed": ["dist.ps.node_servers=[1,1]", "dist.ps.node_trainers=[1,1]"],
+    },
+    "paddle": {
+        "split": ["dist.ps.node_servers=[2,0]", "dist.ps.node_trainers=[0,1]"],
+        "mixed": ["dist.ps.node_servers=[1,1]", "dist.ps.node_trainers=[1,0]"],
+    },
+}
+_ONE_NODE: dict = {}
+
+
+def _ps_python(backend: str) -> str:
+    from test_ps import paddle_ps_python
+
+    return paddle_ps_python() if backend == "paddle" else sys.executable
+
+
+def _ps_node(hosts, backend: str, node: int, run_dir: Path, extra: List[str]) -> subprocess.Popen:
+    argv = [
+        _ps_python(backend),
+        "-m",
+        "unitrain",
+        f"backend={backend}",
+        *PS_JOB,
+        *PS_MODES[backend],
+        "dist.nnodes=2",
+        f"dist.master_addr={hosts[0].address}",
+        f"dist.master_port={PORT}",
+        f"dist.ps.hosts=[{hosts[0].address},{hosts[1].address}]",
+        f"dist.node_rank={node}",
+        f"hydra.run.dir={run_dir}",
+        *extra,
+    ]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return hosts[node].popen(argv, cwd=run_dir.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _one_node_eval(backend: str, tmp_path_factory) -> dict:
+    """The same job with every process on one host (run once per framework)."""
+    if backend not in _ONE_NODE:
+        run_dir = tmp_path_factory.mktemp(f"one-{backend}") / "run"
+        argv = [_ps_python(backend), "-m", "unitrain", f"backend={backend}", *PS_JOB, *PS_MODES[backend]]
+        done = subprocess.run(
+            [*argv, f"hydra.run.dir={run_dir}"], cwd=run_dir.parent, capture_output=True, text=True, timeout=300
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        _ONE_NODE[backend] = json.loads((run_dir / "summary.json").read_text())["eval"]
+    return _ONE_NODE[backend]
+
+
+@pytest.mark.parametrize("layout", ["split", "mixed"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_parameter_servers_over_two_hosts_give_the_one_host_auc(backend, layout, hosts, tmp_path, tmp_path_factory):
+    """Servers on one host and trainers on the other, or some of each on both: each node starts
+    its own processes, they find each other across the network, and the model is the one host's."""
+    extra = PS_LAYOUTS[backend][layout]
+    nodes = [_ps_node(hosts, backend, k, tmp_path / f"node{k}", extra) for k in (0, 1)]
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], [o[1][-3000:] for o in outputs]
+    holder = 1 if layout == "split" else 0  # the node of trainer 0 writes the summary
+    summary = json.loads((tmp_path / f"node{holder}" / "summary.json").read_text())
+    assert not (tmp_path / f"node{1 - holder}" / "summary.json").exists()
+    assert f"node {1 - holder} finished; node {holder} (trainer 0's) holds the summary" in outputs[1 - holder][0]
+    assert summary["node"]["rank"] == holder and 0 in summary["node"]["trainers"]
+    one = _one_node_eval(backend, tmp_path_factory)
+    assert summary["eval"]["val_auc"] == pytest.approx(one["val_auc"], abs=1e-6)
+    assert summary["eval"]["val_logloss"] == pytest.approx(one["val_logloss"], abs=1e-6)
+    for host in hosts:
+        assert netns_hosts._pids(host.namespace) == []
+
+
+@pytest.mark.parametrize(
+    "backend,node",
+    [("torch", 0), ("paddle", 0), ("paddle", 1)],
+    ids=["torch-servers", "paddle-servers", "paddle-trainers"],
+)
+def test_a_parameter_server_node_whose_other_node_never_comes_is_one_line(backend, node, hosts, tmp_path):
+    """Paddle's launcher has no rendezvous in this mode and its servers wait for nobody: the
+    node still ends after dist.timeout_s, in one line, with nothing left running."""
+    started = time.monotonic()
+    extra = [*PS_LAYOUTS[backend]["split"], "dist.timeout_s=10"]
+    alone = _ps_node(hosts, backend, node, tmp_path / f"node{node}", extra)
+    _, stderr = alone.communicate(timeout=180)
+    assert alone.returncode != 0
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and "dist.nnodes=2: the other node(s) did not join" in lines[0], lines
+    assert time.monotonic() - started < 90
+    assert netns_hosts._pids(hosts[node].namespace) == []
+
+
+@pytest.mark.parametrize("killed", ["servers", "trainers"])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_parameter_server_host_that_dies_mid_run_ends_the_other_node(backend, killed, hosts, tmp_path):
+    """Servers wait for their trainers without limit on both engines, and trainers may retry a
+    server for long: the surviving node ends after dist.timeout_s without a connection to the
+    other host, in one line, with nothing left running."""
+    extra = [*PS_LAYOUTS[backend]["split"], "dist.timeout_s=10", "data.num_samples=400000"]
+    nodes = [_ps_node(hosts, backend, k, tmp_path / f"node{k}", extra) for k in (0, 1)]
+    results = tmp_path / "node1" / "metrics.jsonl"  # trainer 0's steps, on node 1
+    deadline = time.monotonic() + 120
+    while not (results.exists() and results.stat().st_size) and time.monotonic() < deadline:
+        assert all(node.poll() is None for node in nodes), [node.communicate() for node in nodes]
+        time.sleep(0.2)
+    assert results.exists(), "the trainers never trained"
+    dead = 0 if killed == "servers" else 1
+    netns_hosts._signal(netns_hosts._pids(hosts[dead].namespace), signal.SIGKILL)
+    killed_at = time.monotonic()
+    _, stderr = nodes[1 - dead].communicate(timeout=120)
+    nodes[dead].communicate(timeout=30)
+    assert nodes[1 - dead].returncode != 0 and time.monotonic() - killed_at < 60
+    first = stderr.strip().splitlines()[0]
+    assert first.startswith("unitrain: error: dist.nnodes=2: ") and "another node" in first, stderr[-3000:]
+    assert netns_hosts._pids(hosts[1 - dead].namespace) == []

@@ -15,6 +15,7 @@ from omegaconf import DictConfig
 from unitrain.config.schema import register_configs
 from unitrain.config.validation import validate
 from unitrain.errors import NothingLeftToRun, Refusal, Stopped, UnitrainError
+from unitrain.interface.ps import PsLayout
 from unitrain.launch import slurm
 from unitrain.launch.hydra import discard_refused, hydra_entry
 from unitrain.launch.supervise import launch, launch_ps, run_isolated
@@ -68,12 +69,20 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         print(f"unitrain: error: {out_of_memory(cfg)}", file=sys.stderr, flush=True)
         sys.exit(2)
     if summary is None:
-        print(f"node {cfg.dist.node_rank} finished; node 0 holds the summary", flush=True)
+        print(f"node {cfg.dist.node_rank} finished; {_summary_holder(cfg)} holds the summary", flush=True)
     elif HydraConfig.get().mode.name == "RUN" and cfg.trainer.repeats > 1:
         print("\n" + write_report([run_dir]) + f"\n\nreport: {run_dir / 'report.html'}", flush=True)
     elif HydraConfig.get().mode.name == "RUN":
         print("\n" + table([run_dir]) + f"\n\nrun directory: {run_dir}", flush=True)
     return summary
+
+
+def _summary_holder(cfg: DictConfig) -> str:
+    """The node whose rank 0 writes the summary: in a parameter-server job, trainer 0's."""
+    if cfg.dist.mode != "ps":
+        return "node 0"
+    layout = PsLayout.of(cfg.dist.ps, cfg.dist.nnodes)
+    return f"node {min(n for n in range(cfg.dist.nnodes) if layout.trainers[n])} (trainer 0's)"
 
 
 def _raise_stopped(signum, frame) -> None:

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Tuple
 
 from unitrain.config.schema import DistConfig
 from unitrain.errors import UnitrainError
 from unitrain.host.network import NodeNetwork
 from unitrain.interface.launch import Launcher, busy_port_error
-from unitrain.interface.ps import Role
+from unitrain.interface.ps import PsLayout, Role
 
-__all__ = ["ACCELERATOR_PROBE", "LAUNCHER", "ps_role"]
+__all__ = ["ACCELERATOR_PROBE", "LAUNCHER", "ps_endpoints", "ps_role"]
 
 ACCELERATOR_PROBE = "import paddle; print(paddle.device.cuda.device_count() > 0)"
 
@@ -45,8 +45,16 @@ class _PaddleLauncher(Launcher):
     def ps_options(self, dist: DistConfig, run_dir: Path) -> List[str]:
         # --server_num/--trainer_num select the parameter-server controller (--worker_num would
         # silently fall back to the legacy launcher); it writes serverlog.N and workerlog.N.
-        opts = ["--server_num", str(dist.ps.servers), "--trainer_num", str(dist.ps.trainers)]
-        return opts + ["--log_dir", str(run_dir), "--max_restart", "0"]
+        opts = ["--log_dir", str(run_dir), "--max_restart", "0"]
+        if dist.nnodes == 1:
+            return ["--server_num", str(dist.ps.servers), "--trainer_num", str(dist.ps.trainers), *opts]
+        # Several nodes: every endpoint, given alike to each node's launcher, which starts those
+        # on its own address (its --master mode would start at least one server on every node).
+        servers, trainers = ps_endpoints(dist)
+        opts += ["--servers", ",".join(servers), "--trainers", ",".join(trainers)]
+        opts += ["--host", dist.ps.hosts[dist.node_rank]]
+        # The servers' gloo key-value store, on the first server's host.
+        return opts + ["--gloo_port", str(dist.master_port)]
 
     def known_failure(
         self, dist: DistConfig, launcher_log: str, worker_logs: List[str], started: bool
@@ -65,9 +73,23 @@ class _PaddleLauncher(Launcher):
 LAUNCHER = _PaddleLauncher()
 
 
-def ps_role(env: Mapping[str, str], servers: int, trainers: int) -> Role:
+def ps_endpoints(dist: DistConfig) -> Tuple[List[str], List[str]]:
+    """Every server's and trainer's address:port, node after node: a node's processes take the
+    ports after dist.master_port, its servers first."""
+    layout = PsLayout.of(dist.ps, dist.nnodes)
+    servers: List[str] = []
+    trainers: List[str] = []
+    for node, host in enumerate(dist.ps.hosts):
+        ports = iter(range(dist.master_port + 1, dist.master_port + 1 + layout.processes(node)))
+        servers += [f"{host}:{next(ports)}" for _ in range(layout.servers[node])]
+        trainers += [f"{host}:{next(ports)}" for _ in range(layout.trainers[node])]
+    return servers, trainers
+
+
+def ps_role(env: Mapping[str, str], layout: PsLayout) -> Role:
     """paddle.distributed.launch sets TRAINING_ROLE, and for a server its endpoint, whose place in
     the server list is its index; for a trainer PADDLE_TRAINER_ID."""
+    servers, trainers = layout.total_servers, layout.total_trainers
     if env.get("TRAINING_ROLE") == "PSERVER":
         endpoint = f"{env.get('POD_IP', '127.0.0.1')}:{env.get('PADDLE_PORT', '')}"
         endpoints = env.get("PADDLE_PSERVERS_IP_PORT_LIST", "").split(",")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import socket
 import sys
@@ -109,6 +110,22 @@ GEO_DRAIN_S = 0.5
 FIRST_PUSH_TRIES = 30
 
 
+def _gloo_on_interface(interface: Optional[str]) -> None:
+    """Fleet's role maker gives its gloo an empty interface, so gloo binds to what the host name
+    resolves to: 127.0.x.x on many hosts (Debian's /etc/hosts), where the trainers of another
+    node cannot reach it ("connect [127.0.0.1]: Connection refused"). Over several nodes
+    (GLOO_SOCKET_IFNAME, set by unitrain's launch) its gloo takes that interface instead."""
+    if not interface:
+        return
+    from paddle.base import core
+
+    class Gloo(core.Gloo):  # type: ignore[name-defined, misc]
+        def set_iface(self, iface: str) -> None:
+            super().set_iface(iface or interface)
+
+    core.Gloo = Gloo
+
+
 def _retry_first_push(runtime: Any) -> None:
     """Trainer 0's init_worker pushes the initial dense parameters once; a server that listens
     but has not yet set up its tables answers "push dense param failed, status[-1]" and the job
@@ -167,6 +184,7 @@ class PaddlePs(PsProgram):
         if self.use_ps:
             from paddle.distributed import fleet
 
+            _gloo_on_interface(os.environ.get("GLOO_SOCKET_IFNAME"))
             fleet.init(is_collective=False)  # the role comes from the launcher's variables
             self.fleet = fleet
         # Built into the default programs: in parameter-server mode minimize() swaps in rewritten

@@ -53,6 +53,8 @@ def check(cfg: Any) -> None:
             cfg.trainer.checkpoint_every,
             "0 with dist.ps.sync=geo on backend=paddle (Fleet's geo tables cannot be saved; sync or async save them)",
         )
+    if cfg.dist.mode == "ps" and cfg.dist.nnodes > 1:
+        _check_ps_hosts(cfg.dist)
     if cfg.dist.max_restarts:
         # CollectiveController ends the pod at the first failure whatever --max_restart says;
         # only CollectiveElasticController, chosen by an etcd:// --master, restarts it.
@@ -82,3 +84,25 @@ def check_all_reduce(dist: DistConfig) -> None:
             dist.bucket_cap_mb,
             "a whole number of MB with backend=paddle (Fleet's fuse_grad_size_in_MB is an integer)",
         )
+
+
+def _check_ps_hosts(dist: DistConfig) -> None:
+    hosts = list(dist.ps.hosts)
+    if len(hosts) != dist.nnodes:
+        raise ConfigError(
+            "dist.ps.hosts",
+            hosts,
+            f"{dist.nnodes} addresses, node 0's first, with backend=paddle over several nodes (Fleet's launcher "
+            "gives every server's and trainer's address to each node)",
+        )
+    # The launcher starts the endpoints that begin with its own address: 10.0.0.1 would also
+    # start 10.0.0.12's.
+    for host in hosts:
+        clash = [other for other in hosts if other != host and other.startswith(host)]
+        if clash or hosts.count(host) > 1:
+            raise ConfigError(
+                "dist.ps.hosts",
+                hosts,
+                f"distinct addresses none of which begins another (Fleet's launcher would take {host!r}'s "
+                f"processes for {(clash or [host])[0]!r}'s)",
+            )

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional
 
 from unitrain.config.schema import DistConfig
 from unitrain.errors import UnitrainError
+from unitrain.host.network import NodeNetwork
 from unitrain.host.ports import free_port
 from unitrain.interface.launch import Launcher, busy_port_error, not_joined_error
-from unitrain.interface.ps import Role
+from unitrain.interface.ps import PsLayout, Role
 
 __all__ = ["ACCELERATOR_PROBE", "LAUNCHER", "ps_role"]
 
@@ -37,10 +38,19 @@ class _TorchLauncher(Launcher):
         return opts
 
     def ps_options(self, dist: DistConfig, run_dir: Path) -> List[str]:
-        # Servers and trainers are all torchrun's workers: the first dist.ps.servers ranks serve.
+        # Servers and trainers are all torchrun's workers, a node's servers first. Nodes may run
+        # different counts: torchrun numbers the ranks node after node.
         port = dist.master_port or free_port()
-        opts = ["--nproc_per_node", str(dist.ps.servers + dist.ps.trainers), "--nnodes", "1"]
-        return opts + ["--master_addr", dist.master_addr, "--master_port", str(port), "--max_restarts", "0"]
+        here = PsLayout.of(dist.ps, dist.nnodes).processes(dist.node_rank)
+        opts = ["--nproc_per_node", str(here), "--nnodes", str(dist.nnodes), "--node_rank", str(dist.node_rank)]
+        opts += ["--master_addr", dist.master_addr, "--master_port", str(port), "--max_restarts", "0"]
+        if dist.nnodes > 1:
+            opts += ["--rdzv-conf", f"timeout={math.ceil(dist.timeout_s)}"]
+        return opts
+
+    def network_env(self, network: NodeNetwork) -> Dict[str, str]:
+        # TensorPipe (torch.distributed.rpc) picks its address apart from gloo.
+        return {**super().network_env(network), "TP_SOCKET_IFNAME": network.interface}
 
     def known_failure(
         self, dist: DistConfig, launcher_log: str, worker_logs: List[str], started: bool
@@ -58,11 +68,7 @@ class _TorchLauncher(Launcher):
 LAUNCHER = _TorchLauncher()
 
 
-def ps_role(env: Mapping[str, str], servers: int, trainers: int) -> Role:
-    """torchrun numbers every process with RANK: the first ``servers`` ranks serve."""
-    rank = int(env.get("RANK", "0"))
-    return (
-        Role("server", rank, servers, trainers)
-        if rank < servers
-        else Role("trainer", rank - servers, servers, trainers)
-    )
+def ps_role(env: Mapping[str, str], layout: PsLayout) -> Role:
+    """torchrun gives each node's processes LOCAL_RANK and the node GROUP_RANK: a node's first
+    ranks serve."""
+    return layout.role(int(env.get("GROUP_RANK", "0")), int(env.get("LOCAL_RANK", "0")))

@@ -321,6 +321,13 @@ class PsConfig:
     feed: PsFeed = PsFeed.steps
     # Reader and trainer threads of each trainer with feed=engine (at most its files).
     threads: int = 1
+    # Several nodes (dist.nnodes > 1): how many of the servers and trainers each node runs,
+    # node 0's first, e.g. [2, 0] and [0, 2]; empty: spread evenly. Every node gives the same.
+    node_servers: List[int] = field(default_factory=list)
+    node_trainers: List[int] = field(default_factory=list)
+    # Several nodes: each node's address, node 0's first (Paddle's launcher needs every
+    # server's and trainer's address on every node; torch finds them through dist.master_addr).
+    hosts: List[str] = field(default_factory=list)
 
 
 @dataclass

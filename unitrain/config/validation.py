@@ -19,6 +19,7 @@ from unitrain.data.augment import AUGMENTATIONS
 from unitrain.errors import ConfigError
 from unitrain.host.memory import available_mb
 from unitrain.host.threads import available_cores
+from unitrain.interface.ps import PsLayout
 from unitrain.interface.validation import validation_module
 from unitrain.model.custom import CUSTOM
 from unitrain.model.specs import MODELS, ViTSpec
@@ -269,11 +270,11 @@ def _check_ps(cfg: Any) -> None:
             cfg.dist.max_restarts,
             "0 with dist.mode=ps (a restarted server would come back with empty tables)",
         )
-    if cfg.dist.nproc_per_node != 1 or cfg.dist.nnodes != 1:
+    if cfg.dist.nproc_per_node != 1:
         raise ConfigError(
             "dist.nproc_per_node",
             cfg.dist.nproc_per_node,
-            "1 with dist.mode=ps (dist.ps.servers and dist.ps.trainers size the job, on one node)",
+            "1 with dist.mode=ps (dist.ps.servers and dist.ps.trainers size the job)",
         )
     _at_least("dist.ps.servers", ps.servers, 0, "0: one process without servers")
     _positive("dist.ps.trainers", ps.trainers)
@@ -281,6 +282,7 @@ def _check_ps(cfg: Any) -> None:
         raise ConfigError(
             "dist.ps.trainers", ps.trainers, "1 with dist.ps.servers=0 (trainers share parameters through servers)"
         )
+    _check_ps_nodes(cfg)
     _positive("dist.ps.geo_k_steps", ps.geo_k_steps)
     if cfg.amp.level != "O0":
         raise ConfigError("amp", cfg.amp.level, "O0 with dist.mode=ps (parameter-server jobs train in float32)")
@@ -295,6 +297,44 @@ def _check_ps(cfg: Any) -> None:
             if (path or key == "data.path") and not (path and os.path.exists(path)):
                 raise ConfigError(key, path, f"{criteo_files.ALLOWED}, existing, with data=criteo")
     _check_feed(cfg)
+
+
+def _check_ps_nodes(cfg: Any) -> None:
+    """A parameter-server job over several nodes: where its processes run, every node alike."""
+    dist, ps = cfg.dist, cfg.dist.ps
+    if dist.nnodes == 1:
+        for key in ("node_servers", "node_trainers", "hosts"):
+            if len(ps[key]) > 1:
+                raise ConfigError(f"dist.ps.{key}", list(ps[key]), "at most one entry with dist.nnodes=1")
+        return
+    if ps.servers == 0:
+        raise ConfigError("dist.ps.servers", 0, "at least 1 with dist.nnodes > 1 (0 trains in one process)")
+    for key, total in (("node_servers", ps.servers), ("node_trainers", ps.trainers)):
+        counts = list(ps[key])
+        if counts and (len(counts) != dist.nnodes or min(counts) < 0 or sum(counts) != total):
+            raise ConfigError(
+                f"dist.ps.{key}",
+                counts,
+                f"{dist.nnodes} counts (one per node, node 0's first) that add up to dist.ps.{key[5:]}={total}, "
+                "or [] to spread them evenly",
+            )
+    layout = PsLayout.of(ps, dist.nnodes)
+    idle = [node for node in range(dist.nnodes) if layout.processes(node) == 0]
+    if idle:
+        raise ConfigError(
+            "dist.ps.node_servers",
+            list(layout.servers),
+            f"a layout in which every node runs a server or a trainer (node {idle[0]} would run nothing; "
+            f"node_trainers={list(layout.trainers)})",
+        )
+    if ps.hosts and len(ps.hosts) != dist.nnodes:
+        raise ConfigError("dist.ps.hosts", list(ps.hosts), f"{dist.nnodes} addresses, node 0's first, or []")
+    for key in ("checkpoint_every", "resume"):
+        if cfg.trainer[key]:
+            # Each server writes its shard on its own host: a checkpoint would be spread over them.
+            raise ConfigError(
+                f"trainer.{key}", cfg.trainer[key], "unset with dist.mode=ps over several nodes (dist.nnodes > 1)"
+            )
 
 
 #: What a pass run by the engine cannot have: it runs whole files with no step between.
@@ -340,7 +380,9 @@ def _check_feed(cfg: Any) -> None:
 
 def processes_per_node(cfg: Any) -> int:
     """The training processes a job starts on this node (parameter servers count)."""
-    return max(1, cfg.dist.ps.servers + cfg.dist.ps.trainers) if cfg.dist.mode == "ps" else cfg.dist.nproc_per_node
+    if cfg.dist.mode != "ps":
+        return cfg.dist.nproc_per_node
+    return max(1, PsLayout.of(cfg.dist.ps, cfg.dist.nnodes).processes(cfg.dist.node_rank))
 
 
 def _check_processes(cfg: Any) -> None:

@@ -69,9 +69,10 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--ps",
-        nargs=3,
-        metavar=("BACKEND", "SERVERS", "TRAINERS"),
-        help="a parameter-server job: this process serves or trains",
+        nargs=4,
+        metavar=("BACKEND", "NODE", "SERVERS", "TRAINERS"),
+        help="a parameter-server job: this process serves or trains on node NODE; servers and trainers per node, "
+        "comma-separated",
     )
     return parser.parse_args(argv)
 
@@ -93,9 +94,11 @@ def _identity(args: argparse.Namespace) -> tuple[Optional[Any], Status, str, int
     # Numbered by rank on this node, as paddle.distributed.launch numbers its logs.
     log_name, role = f"workerlog.{local_rank}", None
     if args.ps:
+        from unitrain.interface.ps import PsLayout
         from unitrain.ps.job import role_from_env
 
-        role = role_from_env(args.ps[0], os.environ, int(args.ps[1]), int(args.ps[2]))
+        backend, node, servers, trainers = args.ps
+        role = role_from_env(backend, os.environ, PsLayout.parse(servers, trainers), int(node))
         rank = local_rank = role.rank
         log_name = role.log_file
     named = {"name": role.name, "log": role.log_file} if role else {}
@@ -140,30 +143,42 @@ def _tie_to_main_process(args: argparse.Namespace, parent: int, status: Status) 
     processes.watch(args.main_pid, main_started, on_main_gone)
 
 
-def _run(args: argparse.Namespace, role: Optional[Any], on_sigterm: Callable, attempt: int) -> None:
+def _run(args: argparse.Namespace, role: Optional[Any], on_sigterm: Callable, attempt: int, status: Status) -> None:
     from omegaconf import OmegaConf
 
     from unitrain.config.schema import UnitrainConfig
+    from unitrain.config.validation import processes_per_node
     from unitrain.host.threads import export_threads, resolve_threads
     from unitrain.interface.backend import get_backend
     from unitrain.ps.job import run_process
     from unitrain.train.trainer import train
 
     cfg = OmegaConf.merge(OmegaConf.structured(UnitrainConfig), OmegaConf.load(args.config))
-    per_node = cfg.dist.ps.servers + cfg.dist.ps.trainers if role else cfg.dist.nproc_per_node
-    export_threads(resolve_threads(cfg.trainer.threads, max(1, per_node)))
+    export_threads(resolve_threads(cfg.trainer.threads, processes_per_node(cfg)))
     get_backend(cfg.backend.name)
     # Importing paddle installs its own C++ SIGTERM handler, which dumps a stack and never
     # records that the launcher stopped this rank: take the signal back.
     signal.signal(signal.SIGTERM, on_sigterm)
     if role:
-        run_process(cfg, Path(args.run_dir), role)
+        # Connected: its engine reached the job's other processes (the main process's clock on
+        # nodes that have not joined stops when all of this node's are).
+        run_process(cfg, Path(args.run_dir), role, on_connected=lambda: status(status="running", connected=True))
         return
     if attempt:
         from unitrain.train.restarts import resume_after_restart
 
         resume_after_restart(cfg, Path(args.run_dir), int(os.environ.get(args.rank_env, "0")), attempt)
     train(cfg, Path(args.run_dir))
+
+
+def _forked_helper() -> None:
+    """In a process a framework forks from this worker (Paddle's gloo key-value store and its
+    multiprocessing Manager): it is not the worker, so it must not report as one, and it ends
+    with it (the parent-death signal is not inherited; such helpers outlived killed workers)."""
+    from unitrain.host import processes
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    processes.die_with_parent()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,11 +194,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     status(status="running")
     _tie_to_main_process(args, parent, status)
+    os.register_at_fork(after_in_child=_forked_helper)
 
     from unitrain.errors import NothingLeftToRun, Refusal, UnitrainError
 
     try:
-        _run(args, role, on_sigterm, attempt)
+        _run(args, role, on_sigterm, attempt, status)
     except NothingLeftToRun as err:
         print(f"unitrain: {err}", flush=True)
         status(status="done", nothing_left=str(err))

@@ -10,10 +10,12 @@ reaches ``dist.master_addr`` through (as the routing table says; node 0 finds it
 from __future__ import annotations
 
 import fcntl
+import os
 import socket
 import struct
 from dataclasses import dataclass
-from typing import Dict, Optional
+from pathlib import Path
+from typing import Dict, Iterable, Optional, Set
 
 from unitrain.errors import ConfigError
 
@@ -67,3 +69,43 @@ def node_network(interface: Optional[str], master_addr: str) -> NodeNetwork:
             "an address this host can reach (no interface routes to it; name one with dist.interface)",
         )
     return NodeNetwork(interface=names[0], address=local)
+
+
+#: /proc/net/tcp's state of an established connection.
+_ESTABLISHED = "01"
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    inodes = set()
+    try:
+        for fd in os.scandir(f"/proc/{pid}/fd"):
+            try:
+                target = os.readlink(fd.path)
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    except OSError:
+        pass
+    return inodes
+
+
+def remote_peers(pids: Iterable[int]) -> Set[str]:
+    """The addresses of other hosts that processes ``pids`` hold established TCP connections
+    with (IPv4, read from /proc): whether a process was reached from another node."""
+    own = set(addresses().values()) | {"127.0.0.1"}
+    peers: Set[str] = set()
+    for pid in pids:
+        inodes = _socket_inodes(pid)
+        try:
+            lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if fields[3] != _ESTABLISHED or fields[9] not in inodes:
+                continue
+            remote = socket.inet_ntoa(struct.pack("<I", int(fields[2].split(":")[0], 16)))
+            if remote not in own:
+                peers.add(remote)
+    return peers

@@ -16,7 +16,7 @@ from unitrain.config.schema import DistConfig
 from unitrain.errors import UnitrainError
 from unitrain.host.network import NodeNetwork
 from unitrain.interface import modules
-from unitrain.interface.ps import Role
+from unitrain.interface.ps import PsLayout, Role
 
 
 class Launcher(ABC):
@@ -38,7 +38,7 @@ class Launcher(ABC):
 
     @abstractmethod
     def ps_options(self, dist: DistConfig, run_dir: Path) -> List[str]:
-        """The launcher's options for dist.ps.servers servers and dist.ps.trainers trainers."""
+        """The launcher's options for this node's servers and trainers (:class:`PsLayout`)."""
 
     def network_env(self, network: NodeNetwork) -> Dict[str, str]:
         """Variables that make the launcher and its workers talk on ``network`` (several nodes):
@@ -59,7 +59,7 @@ class LaunchModule(Protocol):
     #: process: the main process never imports a framework).
     ACCELERATOR_PROBE: str
 
-    def ps_role(self, env: Mapping[str, str], servers: int, trainers: int) -> Role:
+    def ps_role(self, env: Mapping[str, str], layout: PsLayout) -> Role:
         """This process's role in a parameter-server job, from the variables the launcher set."""
 
 

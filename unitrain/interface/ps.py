@@ -7,7 +7,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Optional, Protocol, cast
+from typing import Any, Callable, Dict, Iterable, Optional, Protocol, Tuple, cast
 
 import numpy as np
 
@@ -24,6 +24,8 @@ class Role:
     index: int
     servers: int
     trainers: int
+    #: Its index among its node's processes of its kind (the same as index on one node).
+    local: Optional[int] = None
 
     @property
     def name(self) -> str:
@@ -31,13 +33,70 @@ class Role:
 
     @property
     def rank(self) -> int:
-        """Global rank: servers first, as torchrun's ranks are laid out."""
+        """The job's rank of this process: servers first (torchrun's RANK differs over several
+        nodes, whose ranks follow the nodes; the engines are given this one)."""
         return self.index if self.kind == "server" else self.servers + self.index
 
     @property
     def log_file(self) -> str:
-        # Named as paddle.distributed.launch names them in parameter-server mode.
-        return f"{'serverlog' if self.kind == 'server' else 'workerlog'}.{self.index}"
+        # Named as paddle.distributed.launch names them in parameter-server mode: by the
+        # process's place on its node.
+        place = self.index if self.local is None else self.local
+        return f"{'serverlog' if self.kind == 'server' else 'workerlog'}.{place}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class PsLayout:
+    """Which node runs which processes: per node, how many servers and trainers. Servers are
+    numbered node by node, and so are trainers (node 0's first)."""
+
+    servers: Tuple[int, ...]
+    trainers: Tuple[int, ...]
+
+    @classmethod
+    def of(cls, ps: Any, nnodes: int) -> "PsLayout":
+        """dist.ps's layout: its per-node lists, or its totals spread evenly, earlier nodes first."""
+
+        def spread(total: int) -> Tuple[int, ...]:
+            return tuple(total // nnodes + (node < total % nnodes) for node in range(nnodes))
+
+        servers = tuple(ps.node_servers) if ps.node_servers else spread(ps.servers)
+        trainers = tuple(ps.node_trainers) if ps.node_trainers else spread(ps.trainers)
+        return cls(servers=servers, trainers=trainers)
+
+    @classmethod
+    def parse(cls, servers: str, trainers: str) -> "PsLayout":
+        """From the worker's arguments: comma-separated counts per node."""
+        return cls(servers=tuple(map(int, servers.split(","))), trainers=tuple(map(int, trainers.split(","))))
+
+    def arguments(self) -> Tuple[str, str]:
+        return ",".join(map(str, self.servers)), ",".join(map(str, self.trainers))
+
+    @property
+    def total_servers(self) -> int:
+        return sum(self.servers)
+
+    @property
+    def total_trainers(self) -> int:
+        return sum(self.trainers)
+
+    def server_indices(self, node: int) -> range:
+        first = sum(self.servers[:node])
+        return range(first, first + self.servers[node])
+
+    def trainer_indices(self, node: int) -> range:
+        first = sum(self.trainers[:node])
+        return range(first, first + self.trainers[node])
+
+    def processes(self, node: int) -> int:
+        return self.servers[node] + self.trainers[node]
+
+    def role(self, node: int, local_rank: int) -> "Role":
+        """A node's processes: its servers first, then its trainers."""
+        if local_rank < self.servers[node]:
+            return Role("server", self.server_indices(node)[local_rank], self.total_servers, self.total_trainers)
+        index = self.trainer_indices(node)[local_rank - self.servers[node]]
+        return Role("trainer", index, self.total_servers, self.total_trainers)
 
 
 @dataclass(frozen=True, kw_only=True)

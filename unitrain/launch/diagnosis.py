@@ -22,6 +22,7 @@ PEER_LOSS_MARKERS = (
     "Broken pipe",
     "IoException",
     "transport/tcp/pair.cc",  # any gloo pair error (timeouts included) is about the peer
+    "tensorpipe/transport/",  # and any TensorPipe transport error (torch.distributed.rpc's EPIPE, EOF)
 )
 
 

@@ -24,12 +24,14 @@ from unitrain.config.schema import UnitrainConfig
 from unitrain.config.validation import processes_per_node
 from unitrain.entry import worker
 from unitrain.errors import NothingLeftToRun, Refusal, UnitrainError
-from unitrain.host.network import node_network
+from unitrain.host.network import addresses, node_network
 from unitrain.host.ports import port_in_use
 from unitrain.host.threads import available_cores, resolve_threads
 from unitrain.interface.launch import Launcher, busy_port_error, launch_module, not_joined_error
 from unitrain.interface.modules import module_path
+from unitrain.interface.ps import PsLayout
 from unitrain.launch.diagnosis import DeathWatch, WorkerFailedError, diagnose
+from unitrain.launch.ps_nodes import PsNodeWatch
 from unitrain.launch.workers import (
     DEATH_POLL_S,
     LogFollower,
@@ -84,7 +86,7 @@ def launcher_command(launcher: Launcher, cfg: UnitrainConfig, run_dir: Path, con
     dist = cfg.dist
     extra = [] if launcher.writes_workerlogs else ["--workerlog"]
     if dist.mode == "ps":
-        extra += ["--ps", cfg.backend.name, str(dist.ps.servers), str(dist.ps.trainers)]
+        extra += ["--ps", cfg.backend.name, str(dist.node_rank), *PsLayout.of(dist.ps, dist.nnodes).arguments()]
     options = launcher.ps_options(dist, run_dir) if dist.mode == "ps" else launcher.options(dist, run_dir)
     worker = worker_command(config_file, run_dir, launcher.rank_env, launcher.local_rank_env, *extra)
     return [sys.executable, "-m", launcher.module, *options, *worker]
@@ -223,17 +225,19 @@ def _watch(
     clock is the backstop)."""
     waiting = cfg.dist.nnodes > 1
     patience = cfg.dist.timeout_s + (RENDEZVOUS_GRACE_S if launcher.times_out_rendezvous else 0.0)
+    nodes = PsNodeWatch(cfg, run_dir) if cfg.dist.mode == "ps" and waiting else None
     started = time.monotonic()
     # Not proc.poll(): that would reap the launcher before its group is stopped.
     while not exited(proc):
         follower.pump()
         deaths.poll()
-        # Both launchers rendezvous before they start any worker: no worker status yet means
-        # some node has not joined.
-        if waiting and worker_statuses(run_dir):
+        # Both launchers rendezvous before they start any data-parallel worker.
+        if waiting and (nodes.joined() if nodes else bool(worker_statuses(run_dir))):
             waiting = False
         elif waiting and time.monotonic() - started > patience:
             raise not_joined_error(cfg.dist)
+        elif nodes and not waiting:
+            nodes.check()
         time.sleep(DEATH_POLL_S)
     follower.pump()
     deaths.poll()
@@ -252,9 +256,10 @@ def ps_engine_problem(cfg: UnitrainConfig, launcher: Launcher) -> Optional[str]:
     return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else None
 
 
-def launch_ps(cfg: UnitrainConfig, run_dir: str | Path) -> Dict[str, Any]:
+def launch_ps(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]:
     """Run a parameter-server job (dist.mode=ps) through the framework's launcher, or, with
-    dist.ps.servers=0, its one process directly; returns the job's summary."""
+    dist.ps.servers=0, its one process directly; returns the job's summary (None on a node
+    without trainer 0)."""
     run_dir = Path(run_dir).resolve()
     launcher = launch_module(cfg.backend.name).LAUNCHER
     problem = ps_engine_problem(cfg, launcher)
@@ -278,11 +283,34 @@ def launch_ps(cfg: UnitrainConfig, run_dir: str | Path) -> Dict[str, Any]:
             shlex.join(command),
         )
     else:
-        ps_args = ["--workerlog", "--ps", cfg.backend.name, "0", "1"]
+        ps_args = ["--workerlog", "--ps", cfg.backend.name, "0", "0", "1"]
         command = [sys.executable, *worker_command(config_file, run_dir, "RANK", "LOCAL_RANK", *ps_args)]
-    follower = LogFollower(run_dir / "workerlog.0", "[trainer 0] ")
+    follower = _ps_follower(cfg, run_dir)
+    env = {**launcher.ps_env, **_network_env(cfg.dist, launcher)}
+    _check_ps_host(cfg.dist, env)
     started = time.monotonic()
     # In the run directory: Paddle's servers write http.log (their gloo key-value store's) into
     # their working directory.
-    supervise(cfg, run_dir, launcher, command, follower, env=launcher.ps_env, cwd=run_dir)
+    supervise(cfg, run_dir, launcher, command, follower, env=env, cwd=run_dir)
     return summarize(cfg, run_dir, time.monotonic() - started)
+
+
+def _ps_follower(cfg: UnitrainConfig, run_dir: Path) -> LogFollower:
+    """This node's first trainer's log, or its first server's on a node of servers only."""
+    layout = PsLayout.of(cfg.dist.ps, cfg.dist.nnodes)
+    trainers = layout.trainer_indices(cfg.dist.node_rank)
+    if trainers:
+        return LogFollower(run_dir / "workerlog.0", f"[trainer {trainers.start}] ")
+    return LogFollower(run_dir / "serverlog.0", f"[server {layout.server_indices(cfg.dist.node_rank).start}] ")
+
+
+def _check_ps_host(dist: Any, env: Mapping[str, str]) -> None:
+    """dist.ps.hosts names this node's address where its servers listen and trainers are found."""
+    if not dist.ps.hosts or dist.nnodes == 1:
+        return
+    mine = dist.ps.hosts[dist.node_rank]
+    if mine not in addresses().values():
+        raise UnitrainError(
+            f"dist.ps.hosts[{dist.node_rank}]={mine!r} is not allowed: it is not an address of this node "
+            f"(dist.node_rank={dist.node_rank}); allowed: one of {', '.join(sorted(set(addresses().values())))}"
+        )

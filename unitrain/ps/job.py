@@ -7,9 +7,10 @@ Fleet's parameter server, PyTorch's torch.distributed.rpc), each behind a backen
 framework-neutral rest: the roles, the data each trainer reads, the training loop, the metrics
 (AUC, log loss, examples/s) computed identically for both, and the summary.
 
-The process layout is the same on both frameworks: ``dist.ps.servers`` servers then
-``dist.ps.trainers`` trainers, global ranks 0..S-1 and S..S+T-1. ``servers=0`` is the baseline:
-one trainer, no servers, the same model trained in one process.
+The process layout is the same on both frameworks: ``dist.ps.servers`` servers numbered 0..S-1
+and ``dist.ps.trainers`` trainers 0..T-1, numbered node after node over several nodes (each node
+runs its servers, then its trainers: :class:`~unitrain.interface.ps.PsLayout`). ``servers=0`` is
+the baseline: one trainer, no servers, the same model trained in one process.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ import logging
 import math
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any, Dict, List, Mapping, Optional
+from typing import IO, Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
@@ -32,7 +33,7 @@ from unitrain.host.atomic import replace_text
 from unitrain.host.memory import peak_rss_mb
 from unitrain.interface.backend import get_backend
 from unitrain.interface.launch import launch_module
-from unitrain.interface.ps import PsProgram, Role, ps_module
+from unitrain.interface.ps import PsLayout, PsProgram, Role, ps_module
 from unitrain.ps import checkpoint
 from unitrain.ps.checkpoint import Resumed
 from unitrain.ps.data import JobData, job_data
@@ -44,11 +45,13 @@ WARMUP_STEPS = 2
 RESULTS = "ps"  # per-trainer results, <run_dir>/ps/trainer<i>.json
 
 
-def role_from_env(backend: str, env: Mapping[str, str], servers: int, trainers: int) -> Role:
-    """This process's role, read from what the framework's launcher set."""
-    if servers == 0:
-        return Role("trainer", 0, 0, 1)
-    return launch_module(backend).ps_role(env, servers, trainers)
+def role_from_env(backend: str, env: Mapping[str, str], layout: PsLayout, node: int) -> Role:
+    """This process's role, read from what the framework's launcher set on node ``node``."""
+    if layout.total_servers == 0:
+        return Role("trainer", 0, 0, 1, local=0)
+    role = launch_module(backend).ps_role(env, layout)
+    here = layout.server_indices(node) if role.kind == "server" else layout.trainer_indices(node)
+    return replace(role, local=role.index - here.start)
 
 
 def evaluate(program: PsProgram, rows: CtrData, batch_size: int) -> Dict[str, float]:
@@ -278,13 +281,15 @@ def _write_result(run_dir: Path, role: Role, result: Dict[str, Any]) -> None:
     replace_text(folder / f"{role.kind}{role.index}.json", json.dumps(result, indent=2) + "\n")
 
 
-def run_process(cfg, run_dir: Path, role: Role) -> None:
-    """What each process of the job runs (entry/worker.py calls it): serve, or train."""
+def run_process(cfg, run_dir: Path, role: Role, on_connected: Callable[[], None] = lambda: None) -> None:
+    """What each process of the job runs (entry/worker.py calls it): serve, or train.
+    ``on_connected`` is called once the engine has reached the job's other processes."""
     backend = get_backend(cfg.backend.name)
     backend.set_threads(cfg.trainer.threads)
     backend.seed(cfg.trainer.seed)
     resumed = checkpoint.find(cfg, run_dir)
     program = ps_module(cfg.backend.name).build(cfg, role, resumed.path if resumed else None)
+    on_connected()
     try:
         if role.kind == "server":
             program.run_server()
@@ -295,26 +300,48 @@ def run_process(cfg, run_dir: Path, role: Role) -> None:
         program.close()
 
 
-def _server_memory(run_dir: Path, servers: int) -> List[Optional[float]]:
+def _node_processes(layout: PsLayout, node: int) -> Dict[str, Any]:
+    return {
+        "rank": node,
+        "servers": list(layout.server_indices(node)),
+        "trainers": list(layout.trainer_indices(node)),
+    }
+
+
+def _server_memory(run_dir: Path, servers: Iterable[int]) -> List[Optional[float]]:
     """Each server's peak RSS, as it wrote it when it stopped serving (None: it did not)."""
     out = []
-    for i in range(servers):
+    for i in servers:
         path = run_dir / RESULTS / f"server{i}.json"
         out.append(json.loads(path.read_text())["peak_rss_mb"] if path.exists() else None)
     return out
 
 
-def summarize(cfg, run_dir: Path, wall: float) -> Dict[str, Any]:
-    """summary.json of the job, from every trainer's result (the main process writes it)."""
-    ps = cfg.dist.ps
+def _trainer_results(cfg, run_dir: Path) -> List[Dict[str, Any]]:
+    """What this node's trainers wrote when they ended."""
+    here = PsLayout.of(cfg.dist.ps, cfg.dist.nnodes).trainer_indices(cfg.dist.node_rank)
     results = []
-    for i in range(ps.trainers):
+    for local, i in enumerate(here):
         path = run_dir / RESULTS / f"trainer{i}.json"
         if not path.exists():
             raise UnitrainError(
-                f"trainer {i} ended without writing its results ({path}); see workerlog.{i} in {run_dir}"
+                f"trainer {i} ended without writing its results ({path}); see workerlog.{local} in {run_dir}"
             )
         results.append(json.loads(path.read_text()))
+    return results
+
+
+def summarize(cfg, run_dir: Path, wall: float) -> Optional[Dict[str, Any]]:
+    """summary.json of the job, from its trainers' results (the main process writes it). Over
+    several nodes, each node has its own processes' results: the node of trainer 0, which
+    evaluates, writes the summary of its processes; the others write none (None)."""
+    ps = cfg.dist.ps
+    layout = PsLayout.of(ps, cfg.dist.nnodes)
+    node = cfg.dist.node_rank
+    if 0 not in layout.trainer_indices(node):
+        _trainer_results(cfg, run_dir)  # that they ended well
+        return None
+    results = _trainer_results(cfg, run_dir)
     first = results[0]
     summary = {
         "kind": "ps",
@@ -344,8 +371,10 @@ def summarize(cfg, run_dir: Path, wall: float) -> Dict[str, Any]:
         "tables": first["observed"].get("tables"),
         "memory": {
             "trainer_peak_rss_mb": [r["peak_rss_mb"] for r in results],
-            "server_peak_rss_mb": _server_memory(run_dir, ps.servers),
+            "server_peak_rss_mb": _server_memory(run_dir, layout.server_indices(node)),
         },
+        # Several nodes: the processes this summary covers (the others' are on their nodes).
+        "node": _node_processes(layout, node) if cfg.dist.nnodes > 1 else None,
         "wall_time_s": wall,
         "cpu": machine.cpu(),
     }
