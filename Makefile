@@ -11,13 +11,13 @@ PS_STAMP := $(PS_VENV)/.installed
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: run test test-slow test-all lint format bench recipe setup ps-env clean fashion-mnist netns slurm
+.PHONY: run test test-slow test-all lint format bench recipe setup ps-env clean fashion-mnist netns slurm etcd
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch==2.13.0 is pinned in the extra; a looser pin would pull several GB of CUDA packages.
-	$(PY) -m pip install --quiet -e '.[paddle,torch,dev,export,quantize,cluster]'
+	$(PY) -m pip install --quiet -e '.[paddle,torch,dev,export,quantize,cluster,elastic]'
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -61,6 +61,16 @@ slurm:
 	  echo "could not install slurm-wlm: the SLURM tests will skip"; \
 	else echo "slurm-wlm is not installed and this is not root with apt-get: the SLURM tests will skip"; fi
 
+# Debian's etcd-server for Paddle's restarts (dist.max_restarts: paddle.distributed.launch
+# restarts only with an etcd master), as root with apt-get; otherwise those tests skip.
+etcd:
+	@if command -v etcd >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends etcd-server >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends etcd-server >/dev/null 2>&1; } || \
+	  echo "could not install etcd-server: Paddle's restart test will skip"; \
+	else echo "etcd-server is not installed and this is not root with apt-get: Paddle's restart test will skip"; fi
+
 run: $(STAMP)
 	$(PY) -m unitrain -m backend=paddle,torch
 
@@ -70,7 +80,7 @@ run: $(STAMP)
 test: $(STAMP) $(PS_STAMP) fashion-mnist
 	$(PY) -m pytest -q -m "not slow" --durations=10
 
-test-slow: $(STAMP) $(PS_STAMP) fashion-mnist netns slurm
+test-slow: $(STAMP) $(PS_STAMP) fashion-mnist netns slurm etcd
 	$(PY) -m pytest -q -m slow --durations=20
 
 test-all: test test-slow

@@ -40,11 +40,6 @@ from conftest import BACKENDS, FAST
             "dist.interface='nosuch0' is not allowed: an interface of this host with an IPv4 address: ",
         ),
         (
-            ["backend=paddle", "dist.max_restarts=1"],
-            "dist.max_restarts=1 is not allowed: 0 with backend=paddle (paddle.distributed.launch restarts workers "
-            "only in elastic jobs",
-        ),
-        (
             ["dist.max_restarts=1", "dist.nnodes=2", "dist.master_port=29561"],
             "dist.max_restarts=1 is not allowed: 0 with dist.nnodes > 1",
         ),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,10 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import FAST, run_unitrain
+from conftest import BACKENDS, FAST, run_unitrain
 
 JOB = [
-    "backend=torch",
     *FAST,
     "trainer.threads=1",
     "dist.nproc_per_node=2",
@@ -41,13 +41,19 @@ def _weights(run_dir: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_a_killed_worker_is_restarted_by_torchrun_and_the_job_ends_as_if_uninterrupted(tmp_path):
-    full = run_unitrain(JOB, tmp_path / "full")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_killed_worker_is_restarted_and_the_job_ends_as_if_uninterrupted(backend, tmp_path):
+    """torchrun restarts the node's workers; paddle.distributed.launch its pod, in elastic mode
+    with an etcd server unitrain starts for the job."""
+    if backend == "paddle" and shutil.which("etcd") is None:
+        pytest.skip("no etcd server: `make etcd` installs Debian's etcd-server (Paddle restarts only with one)")
+    args = [f"backend={backend}", *JOB]
+    full = run_unitrain(args, tmp_path / "full")
     assert full.returncode == 0, full.stderr[-2000:]
     run_dir = tmp_path / "restarted" / "run"
     run_dir.parent.mkdir()
     job = subprocess.Popen(
-        [sys.executable, "-m", "unitrain", *JOB, "dist.max_restarts=1", f"hydra.run.dir={run_dir}"],
+        [sys.executable, "-m", "unitrain", *args, "dist.max_restarts=1", f"hydra.run.dir={run_dir}"],
         cwd=run_dir.parent,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -73,3 +79,51 @@ def test_a_killed_worker_is_restarted_by_torchrun_and_the_job_ends_as_if_uninter
     assert losses == full_losses[: len(losses)] and summary["steps"] == 120
     a, b = _weights(run_dir), _weights(full.run_dir)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in b)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_without_restarts_left_the_job_ends_in_one_line_with_nothing_left_running(backend, tmp_path):
+    if backend == "paddle" and shutil.which("etcd") is None:
+        pytest.skip("no etcd server: `make etcd` installs Debian's etcd-server (Paddle restarts only with one)")
+    run_dir = tmp_path / "run"
+    etcds_before = _processes_with("unitrain-etcd-")
+    args = [f"backend={backend}", *FAST, "trainer.threads=1", "dist.nproc_per_node=2", "trainer.steps=100000"]
+    job = subprocess.Popen(
+        [sys.executable, "-m", "unitrain", *args, "trainer.checkpoint_every=20", "dist.max_restarts=1"]
+        + [f"hydra.run.dir={run_dir}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    killed: list = []
+    deadline = time.monotonic() + 240
+    while len(killed) < 2 and time.monotonic() < deadline:
+        assert job.poll() is None, job.communicate()
+        time.sleep(0.5)
+        try:
+            status = json.loads((run_dir / ".workers" / "rank1.json").read_text())
+        except (OSError, ValueError):
+            continue
+        # Killed once it has trained a while in each attempt: the first time, and its restart.
+        if status["status"] == "running" and status["pid"] not in killed and time.time() - status["time"] > 5:
+            os.kill(status["pid"], signal.SIGKILL)
+            killed.append(status["pid"])
+    assert len(killed) == 2, "rank 1 was not restarted once"
+    _, stderr = job.communicate(timeout=180)
+    assert job.returncode == 1
+    assert stderr.strip().splitlines()[0].startswith("unitrain: error: rank 1 stopped without reporting"), stderr
+    assert _processes_with(str(run_dir)) == [] and _processes_with("unitrain-etcd-") == etcds_before
+
+
+def _processes_with(text: str) -> list:
+    """The pids whose command line holds ``text`` (the run directory: launcher and workers)."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text in cmdline.read_bytes().decode(errors="replace"):
+                found.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return sorted(found)

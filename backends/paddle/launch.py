@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 from unitrain.config.schema import DistConfig
 from unitrain.errors import UnitrainError
+from unitrain.host.etcd import etcd_server
 from unitrain.host.network import NodeNetwork
-from unitrain.interface.launch import Launcher, busy_port_error
+from unitrain.interface.launch import Beside, Launcher, busy_port_error
 from unitrain.interface.ps import PsLayout, Role
 
 __all__ = ["ACCELERATOR_PROBE", "LAUNCHER", "ps_endpoints", "ps_role"]
@@ -29,6 +32,11 @@ class _PaddleLauncher(Launcher):
         # --max_restart 0: a failed worker ends the job (paddle's default restarts it 3 times).
         opts = ["--nproc_per_node", str(dist.nproc_per_node), "--nnodes", str(dist.nnodes)]
         opts += ["--log_dir", str(run_dir), "--max_restart", "0"]
+        if dist.max_restarts:
+            # Its elastic controller deploys the pod while restarts <= --max_restart, counting
+            # from the first deploy: N - 1 gives N restarts. The master is etcd's (beside).
+            opts[-1] = str(dist.max_restarts - 1)
+            return opts
         if dist.nnodes > 1:
             opts += ["--master", f"{dist.master_addr}:{dist.master_port}", "--rank", str(dist.node_rank)]
         elif dist.master_port is not None:
@@ -36,6 +44,18 @@ class _PaddleLauncher(Launcher):
             # port; with --ips and --start_port the store (PADDLE_MASTER) is <ips>:<start_port>.
             opts += ["--ips", dist.master_addr, "--start_port", str(dist.master_port)]
         return opts
+
+    @contextmanager
+    def beside(self, dist: DistConfig, run_dir: Path) -> Iterator[Beside]:
+        if not dist.max_restarts:
+            yield Beside()
+            return
+        # Only CollectiveElasticController, chosen by an etcd:// master, restarts a failed pod
+        # (elastic level 1: restart it; the default ends the job). Its etcd3 client's generated
+        # code predates protobuf 4 and loads only on protobuf's pure-Python implementation.
+        with etcd_server(run_dir / "etcd.log") as endpoint:
+            options = ["--master", f"etcd://{endpoint}", "--elastic_level", "1", "--job_id", f"unitrain-{os.getpid()}"]
+            yield Beside(options=options, env={"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"})
 
     def network_env(self, network: NodeNetwork) -> Dict[str, str]:
         # POD_IP is --host: the address this node registers with the master, which otherwise

@@ -55,15 +55,6 @@ def check(cfg: Any) -> None:
         )
     if cfg.dist.mode == "ps" and cfg.dist.nnodes > 1:
         _check_ps_hosts(cfg.dist)
-    if cfg.dist.max_restarts:
-        # CollectiveController ends the pod at the first failure whatever --max_restart says;
-        # only CollectiveElasticController, chosen by an etcd:// --master, restarts it.
-        raise ConfigError(
-            "dist.max_restarts",
-            cfg.dist.max_restarts,
-            "0 with backend=paddle (paddle.distributed.launch restarts workers only in elastic jobs, whose "
-            "--master is an etcd server, which unitrain does not start yet)",
-        )
     if cfg.amp.impl == "apex":
         raise ConfigError("amp.impl", "apex", "native with backend=paddle (NVIDIA Apex is a PyTorch extension)")
     check_all_reduce(cfg.dist)

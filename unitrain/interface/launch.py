@@ -9,14 +9,24 @@ which variables give each worker its rank, and which of its failures it can name
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Protocol, cast
+from typing import Dict, Iterator, List, Mapping, Optional, Protocol, cast
 
 from unitrain.config.schema import DistConfig
 from unitrain.errors import UnitrainError
 from unitrain.host.network import NodeNetwork
 from unitrain.interface import modules
 from unitrain.interface.ps import PsLayout, Role
+
+
+@dataclass(frozen=True, kw_only=True)
+class Beside:
+    """What a launcher needs running beside it for a job: more of its options and variables."""
+
+    options: List[str] = field(default_factory=list)
+    env: Dict[str, str] = field(default_factory=dict)
 
 
 class Launcher(ABC):
@@ -39,6 +49,12 @@ class Launcher(ABC):
     @abstractmethod
     def ps_options(self, dist: DistConfig, run_dir: Path) -> List[str]:
         """The launcher's options for this node's servers and trainers (:class:`PsLayout`)."""
+
+    @contextmanager
+    def beside(self, dist: DistConfig, run_dir: Path) -> Iterator[Beside]:
+        """Start what the launcher needs beside it for this job (Paddle's restarts: an etcd
+        server), and stop it when the block ends."""
+        yield Beside()
 
     def network_env(self, network: NodeNetwork) -> Dict[str, str]:
         """Variables that make the launcher and its workers talk on ``network`` (several nodes):

@@ -27,7 +27,7 @@ from unitrain.errors import NothingLeftToRun, Refusal, UnitrainError
 from unitrain.host.network import addresses, node_network
 from unitrain.host.ports import port_in_use
 from unitrain.host.threads import available_cores, resolve_threads
-from unitrain.interface.launch import Launcher, busy_port_error, launch_module, not_joined_error
+from unitrain.interface.launch import Beside, Launcher, busy_port_error, launch_module, not_joined_error
 from unitrain.interface.modules import module_path
 from unitrain.interface.ps import PsLayout
 from unitrain.launch.diagnosis import DeathWatch, WorkerFailedError, diagnose
@@ -81,7 +81,9 @@ def worker_command(config_file: Path, run_dir: Path, rank_env: str, local_rank_e
     return command + ["--rank-env", rank_env, "--local-rank-env", local_rank_env, *extra]
 
 
-def launcher_command(launcher: Launcher, cfg: UnitrainConfig, run_dir: Path, config_file: Path) -> List[str]:
+def launcher_command(
+    launcher: Launcher, cfg: UnitrainConfig, run_dir: Path, config_file: Path, beside: Optional[Beside] = None
+) -> List[str]:
     """``python -m <launcher> <its options> <worker script> <worker arguments>``."""
     dist = cfg.dist
     extra = [] if launcher.writes_workerlogs else ["--workerlog"]
@@ -89,7 +91,8 @@ def launcher_command(launcher: Launcher, cfg: UnitrainConfig, run_dir: Path, con
         extra += ["--ps", cfg.backend.name, str(dist.node_rank), *PsLayout.of(dist.ps, dist.nnodes).arguments()]
     options = launcher.ps_options(dist, run_dir) if dist.mode == "ps" else launcher.options(dist, run_dir)
     worker = worker_command(config_file, run_dir, launcher.rank_env, launcher.local_rank_env, *extra)
-    return [sys.executable, "-m", launcher.module, *options, *worker]
+    more = beside.options if beside else []
+    return [sys.executable, "-m", launcher.module, *options, *more, *worker]
 
 
 def run_isolated(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]:
@@ -150,12 +153,13 @@ def launch(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]
     launcher = launch_module(cfg.backend.name).LAUNCHER
     check_before_launch(cfg)
     config_file = write_worker_config(cfg, run_dir)
-    command = launcher_command(launcher, cfg, run_dir, config_file)
-    env = _network_env(cfg.dist, launcher)
-    log.info("launching %d worker(s) on this node: %s", cfg.dist.nproc_per_node, shlex.join(command))
-    # This node's first worker: rank 0 of the job on node 0.
-    follower = LogFollower(run_dir / "workerlog.0", f"[rank {cfg.dist.node_rank * cfg.dist.nproc_per_node}] ")
-    supervise(cfg, run_dir, launcher, command, follower, env=env)
+    with launcher.beside(cfg.dist, run_dir) as beside:
+        command = launcher_command(launcher, cfg, run_dir, config_file, beside)
+        env = {**_network_env(cfg.dist, launcher), **beside.env}
+        log.info("launching %d worker(s) on this node: %s", cfg.dist.nproc_per_node, shlex.join(command))
+        # This node's first worker: rank 0 of the job on node 0.
+        follower = LogFollower(run_dir / "workerlog.0", f"[rank {cfg.dist.node_rank * cfg.dist.nproc_per_node}] ")
+        supervise(cfg, run_dir, launcher, command, follower, env=env)
     if cfg.dist.max_restarts:
         restarts.add_to_summary(run_dir)
     return _finished(run_dir)
