@@ -3,11 +3,15 @@ cannot run refused in one line (the jobs themselves: tests/test_multinode.py).""
 
 from __future__ import annotations
 
+import os
+import socket
+
 import pytest
 
 from backends.paddle.launch import ps_endpoints
 from conftest import run_unitrain
 from unitrain.config.schema import DistConfig, PsConfig
+from unitrain.host.network import remote_peers
 from unitrain.interface.ps import PsLayout
 
 PS = ["experiment=wide_deep_ps", "data.num_samples=3000", "data.val_samples=1000"]
@@ -83,3 +87,20 @@ def test_a_host_list_that_does_not_name_this_node_is_refused(tmp_path):
     assert (
         len(lines) == 1 and "dist.ps.hosts[0]='192.0.2.7' is not allowed: it is not an address of this node" in lines[0]
     )
+
+
+@pytest.mark.parametrize("family,host", [(socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")])
+def test_connections_within_this_host_are_not_another_node(family, host):
+    """What keeps a node of servers waiting is a connection from another host: one over this
+    host's own loopback (IPv4 or IPv6) is not."""
+    try:
+        server = socket.socket(family)
+        server.bind((host, 0))
+    except OSError:
+        pytest.skip(f"no {host} on this machine")
+    with server:
+        server.listen()
+        with socket.create_connection((host, server.getsockname()[1])) as client:
+            accepted, _ = server.accept()
+            with accepted:
+                assert client.fileno() > 0 and remote_peers([os.getpid()]) == set()

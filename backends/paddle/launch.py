@@ -14,7 +14,7 @@ from unitrain.host.network import NodeNetwork
 from unitrain.interface.launch import Beside, Launcher, busy_port_error
 from unitrain.interface.ps import PsLayout, Role
 
-__all__ = ["ACCELERATOR_PROBE", "LAUNCHER", "ps_endpoints", "ps_role"]
+__all__ = ["ACCELERATOR_PROBE", "LAUNCHER", "ps_role"]
 
 ACCELERATOR_PROBE = "import paddle; print(paddle.device.cuda.device_count() > 0)"
 

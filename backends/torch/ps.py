@@ -301,9 +301,12 @@ class TorchPs(PsProgram):
             _SERVER = _Server(cfg, role, resume)
         # uv (TCP) alone: TensorPipe's default shared-memory transport keeps a thread spinning
         # at about half a core in every process, idle or not, which a 2-core machine cannot spare.
-        # A few RPC threads: 16 by default, for 1-thread processes.
+        # A few RPC threads: 16 by default, for 1-thread processes. Over several nodes, tensors
+        # go over that TCP too: TensorPipe's cross-memory-attach channel reads a peer's memory
+        # directly whenever it shares this kernel, as hosts made of network namespaces do.
+        channels = {"_channels": ["basic"]} if cfg.dist.nnodes > 1 else {}
         options = rpc.TensorPipeRpcBackendOptions(
-            num_worker_threads=RPC_THREADS, rpc_timeout=RPC_TIMEOUT_S, _transports=["uv"]
+            num_worker_threads=RPC_THREADS, rpc_timeout=RPC_TIMEOUT_S, _transports=["uv"], **channels
         )
         rpc.init_rpc(f"{role.kind}{role.index}", rank=role.rank, world_size=world, rpc_backend_options=options)
         if role.kind == "server":

@@ -90,22 +90,42 @@ def _socket_inodes(pid: int) -> set[str]:
     return inodes
 
 
+def _address(hex_address: str) -> str:
+    """An address as /proc/net/tcp{,6} writes it (32-bit words in host order), as text; an
+    IPv4-mapped IPv6 address as its IPv4 form."""
+    raw = b"".join(struct.pack("<I", int(hex_address[i : i + 8], 16)) for i in range(0, len(hex_address), 8))
+    if len(raw) == 4:
+        return socket.inet_ntoa(raw)
+    if raw[:12] == b"\0" * 10 + b"\xff\xff":
+        return socket.inet_ntoa(raw[12:])
+    return socket.inet_ntop(socket.AF_INET6, raw)
+
+
+def _own_addresses() -> Set[str]:
+    own = set(addresses().values()) | {"127.0.0.1", "::1"}
+    try:
+        for line in Path("/proc/net/if_inet6").read_text().splitlines():
+            own.add(socket.inet_ntop(socket.AF_INET6, bytes.fromhex(line.split()[0])))
+    except OSError:
+        pass
+    return own
+
+
 def remote_peers(pids: Iterable[int]) -> Set[str]:
     """The addresses of other hosts that processes ``pids`` hold established TCP connections
-    with (IPv4, read from /proc): whether a process was reached from another node."""
-    own = set(addresses().values()) | {"127.0.0.1"}
+    with (IPv4 and IPv6, read from /proc): whether a process was reached from another node."""
+    own = _own_addresses()
     peers: Set[str] = set()
     for pid in pids:
         inodes = _socket_inodes(pid)
-        try:
-            lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            fields = line.split()
-            if fields[3] != _ESTABLISHED or fields[9] not in inodes:
+        for table in ("tcp", "tcp6"):
+            try:
+                lines = Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]
+            except OSError:
                 continue
-            remote = socket.inet_ntoa(struct.pack("<I", int(fields[2].split(":")[0], 16)))
-            if remote not in own:
-                peers.add(remote)
+            for fields in map(str.split, lines):
+                if fields[3] == _ESTABLISHED and fields[9] in inodes:
+                    remote = _address(fields[2].split(":")[0])
+                    if remote not in own and not remote.startswith("127."):
+                        peers.add(remote)
     return peers

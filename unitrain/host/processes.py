@@ -14,10 +14,11 @@ keep it and its workers from running on, reparented to init, when the main proce
 from __future__ import annotations
 
 import ctypes
+import functools
 import signal
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 PR_SET_PDEATHSIG = 1
 POLL_S = 0.5
@@ -33,13 +34,25 @@ def start_time(pid: int) -> Optional[str]:
         return None
 
 
+@functools.cache
+def _prctl() -> Optional[Callable[..., int]]:
+    # Looked up once, in the parent: between fork and exec a child must not dlopen (another
+    # thread may have held the loader's lock at the fork).
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """Ask the kernel to send ``sig`` to this process when its parent exits (Linux only; a no-op
     elsewhere). Usable as a subprocess ``preexec_fn``."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+
+
+_prctl()
 
 
 def watch(pid: int, expected_start: Optional[str], on_gone) -> threading.Thread:

@@ -10,6 +10,7 @@ from unitrain.config.schema import DistConfig
 from unitrain.errors import Refusal, UnitrainError
 from unitrain.host import processes
 from unitrain.interface.launch import Launcher
+from unitrain.interface.ps import PsLayout
 from unitrain.launch.workers import DEATH_POLL_S, worker_statuses, zombie
 
 LOG_TAIL_LINES = 20
@@ -23,6 +24,10 @@ PEER_LOSS_MARKERS = (
     "IoException",
     "transport/tcp/pair.cc",  # any gloo pair error (timeouts included) is about the peer
     "tensorpipe/transport/",  # and any TensorPipe transport error (torch.distributed.rpc's EPIPE, EOF)
+    # brpc (Fleet's parameter-server client): a server not connected, refusing, or resetting.
+    "]Not connected to",
+    "[E111]",
+    "[E104]",
 )
 
 
@@ -148,6 +153,13 @@ def _another_node(
     )
 
 
+def _known_failure(run_dir: Path, launcher: Launcher, dist: DistConfig, started: bool) -> Optional[UnitrainError]:
+    """A failure the launcher can name from its own log and this node's worker logs."""
+    workers = PsLayout.of(dist.ps, dist.nnodes).trainers[dist.node_rank] if dist.mode == "ps" else dist.nproc_per_node
+    worker_logs = [_read(run_dir / f"workerlog.{i}") for i in range(workers)]
+    return launcher.known_failure(dist, _read(run_dir / "launcher.log"), worker_logs, started)
+
+
 def diagnose(
     run_dir: Path,
     launcher: Launcher,
@@ -157,12 +169,9 @@ def diagnose(
 ) -> UnitrainError:
     """Name the rank that brought the job down, with the tail of its log."""
     statuses = worker_statuses(run_dir)
-    if dist is not None:
-        workers = dist.ps.trainers if dist.mode == "ps" else dist.nproc_per_node
-        worker_logs = [_read(run_dir / f"workerlog.{i}") for i in range(workers)]
-        known = launcher.known_failure(dist, _read(run_dir / "launcher.log"), worker_logs, bool(statuses))
-        if known is not None:
-            return known
+    known = _known_failure(run_dir, launcher, dist, bool(statuses)) if dist is not None else None
+    if known is not None:
+        return known
     failed = [s for s in statuses if s["status"] == "failed"]
     # Every process that failed refused the same setting or file, and the others were stopped
     # after it (or had finished): the refusal is the whole story.
