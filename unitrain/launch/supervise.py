@@ -265,6 +265,7 @@ def launch_ps(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, An
     dist.ps.servers=0, its one process directly; returns the job's summary (None on a node
     without trainer 0)."""
     run_dir = Path(run_dir).resolve()
+    _check_ps_host(cfg.dist)
     launcher = launch_module(cfg.backend.name).LAUNCHER
     problem = ps_engine_problem(cfg, launcher)
     if problem:
@@ -291,7 +292,6 @@ def launch_ps(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, An
         command = [sys.executable, *worker_command(config_file, run_dir, "RANK", "LOCAL_RANK", *ps_args)]
     follower = _ps_follower(cfg, run_dir)
     env = {**launcher.ps_env, **_network_env(cfg.dist, launcher)}
-    _check_ps_host(cfg.dist, env)
     started = time.monotonic()
     # In the run directory: Paddle's servers write http.log (their gloo key-value store's) into
     # their working directory.
@@ -308,7 +308,7 @@ def _ps_follower(cfg: UnitrainConfig, run_dir: Path) -> LogFollower:
     return LogFollower(run_dir / "serverlog.0", f"[server {layout.server_indices(cfg.dist.node_rank).start}] ")
 
 
-def _check_ps_host(dist: Any, env: Mapping[str, str]) -> None:
+def _check_ps_host(dist: Any) -> None:
     """dist.ps.hosts names this node's address where its servers listen and trainers are found."""
     if not dist.ps.hosts or dist.nnodes == 1:
         return
