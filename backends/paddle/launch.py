@@ -52,10 +52,14 @@ class _PaddleLauncher(Launcher):
             return
         # Only CollectiveElasticController, chosen by an etcd:// master, restarts a failed pod
         # (elastic level 1: restart it; the default ends the job). Its etcd3 client's generated
-        # code predates protobuf 4 and loads only on protobuf's pure-Python implementation.
+        # code predates protobuf 4 and loads only on protobuf's pure-Python implementation. The
+        # client runs gRPC in the launcher, which then forks and execs the workers: gRPC's fork
+        # handlers, meant for fork without exec, broke a restarted worker between the two
+        # (epoll_wait: Bad file descriptor, then it ended); gRPC's own switch turns them off.
+        env = {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python", "GRPC_ENABLE_FORK_SUPPORT": "false"}
         with etcd_server(run_dir / "etcd.log") as endpoint:
             options = ["--master", f"etcd://{endpoint}", "--elastic_level", "1", "--job_id", f"unitrain-{os.getpid()}"]
-            yield Beside(options=options, env={"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python"})
+            yield Beside(options=options, env=env)
 
     def network_env(self, network: NodeNetwork) -> Dict[str, str]:
         # POD_IP is --host: the address this node registers with the master, which otherwise
