@@ -24,29 +24,13 @@ class _TorchLauncher(Launcher):
     times_out_rendezvous = True
 
     def options(self, dist: DistConfig, run_dir: Path) -> List[str]:
-        # A fresh port per job: sweeps run jobs back to back, and a port in TIME_WAIT would clash.
-        port = dist.master_port or free_port()
-        opts = ["--nproc_per_node", str(dist.nproc_per_node), "--nnodes", str(dist.nnodes)]
-        opts += ["--node_rank", str(dist.node_rank), "--master_addr", dist.master_addr]
-        # --max_restarts: torchrun restarts this node's workers after one fails (its static
-        # rendezvous keeps one store for every attempt: the workers prefix their keys).
-        opts += ["--master_port", str(port), "--max_restarts", str(dist.max_restarts)]
-        if dist.nnodes > 1:
-            # The static rendezvous (a TCPStore on node 0) waits this long for the other nodes,
-            # node 0 for clients, the others to connect; it takes whole seconds (default 600).
-            opts += ["--rdzv-conf", f"timeout={math.ceil(dist.timeout_s)}"]
-        return opts
+        return _torchrun_options(dist, dist.nproc_per_node)
 
     def ps_options(self, dist: DistConfig, run_dir: Path) -> List[str]:
         # Servers and trainers are all torchrun's workers, a node's servers first. Nodes may run
-        # different counts: torchrun numbers the ranks node after node.
-        port = dist.master_port or free_port()
-        here = PsLayout.of(dist.ps, dist.nnodes).processes(dist.node_rank)
-        opts = ["--nproc_per_node", str(here), "--nnodes", str(dist.nnodes), "--node_rank", str(dist.node_rank)]
-        opts += ["--master_addr", dist.master_addr, "--master_port", str(port), "--max_restarts", "0"]
-        if dist.nnodes > 1:
-            opts += ["--rdzv-conf", f"timeout={math.ceil(dist.timeout_s)}"]
-        return opts
+        # different counts: torchrun numbers the ranks node after node. (dist.max_restarts is
+        # refused in this mode: 0.)
+        return _torchrun_options(dist, PsLayout.of(dist.ps, dist.nnodes).processes(dist.node_rank))
 
     def network_env(self, network: NodeNetwork) -> Dict[str, str]:
         # TensorPipe (torch.distributed.rpc) picks its address apart from gloo.
@@ -63,6 +47,22 @@ class _TorchLauncher(Launcher):
         if dist.nnodes > 1 and waiting:
             return not_joined_error(dist)
         return None
+
+
+def _torchrun_options(dist: DistConfig, processes: int) -> List[str]:
+    """torchrun's options for ``processes`` workers on this node."""
+    # A fresh port per job: sweeps run jobs back to back, and a port in TIME_WAIT would clash.
+    port = dist.master_port or free_port()
+    opts = ["--nproc_per_node", str(processes), "--nnodes", str(dist.nnodes)]
+    opts += ["--node_rank", str(dist.node_rank), "--master_addr", dist.master_addr]
+    # --max_restarts: torchrun restarts this node's workers after one fails (its static
+    # rendezvous keeps one store for every attempt: the workers prefix their keys).
+    opts += ["--master_port", str(port), "--max_restarts", str(dist.max_restarts)]
+    if dist.nnodes > 1:
+        # The static rendezvous (a TCPStore on node 0) waits this long for the other nodes,
+        # node 0 for clients, the others to connect; it takes whole seconds (default 600).
+        opts += ["--rdzv-conf", f"timeout={math.ceil(dist.timeout_s)}"]
+    return opts
 
 
 LAUNCHER = _TorchLauncher()
