@@ -74,7 +74,8 @@ def test_paddle_mkl_runs_its_generic_kernels_on_this_cpu_unless_tuned_and_the_re
     assert tuned.summary()["tuning"]["applied"] == ["MKL 2019.0.5 AVX2 kernels"]
     # Other kernels, the same arithmetic up to rounding (FMA): the same model trains.
     np.testing.assert_allclose([m["loss"] for m in tuned.metrics()], [m["loss"] for m in same.metrics()], rtol=1e-4)
-    from unitrain.report.training import fairness_warnings, load_runs
+    from unitrain.report.fairness import fairness_warnings
+    from unitrain.report.runs import load_runs
 
     warnings = fairness_warnings(load_runs([same.run_dir, tuned.run_dir]))
     assert any(
@@ -106,7 +107,8 @@ def test_report_never_ranks_a_tuned_row_against_a_same_settings_row(tmp_path):
     common = ["backend=torch", *FAST, "trainer.steps=3"]
     for name, extra in (("same", []), ("tuned", ["backend.tuned=true"])):
         assert run_unitrain([*common, *extra], tmp_path / name).returncode == 0
-    from unitrain.report.training import group_repeats, load_runs, table_rows
+    from unitrain.report.runs import group_repeats, load_runs
+    from unitrain.report.stats import table_rows
 
     rows = table_rows(group_repeats(load_runs([tmp_path / "same" / "run", tmp_path / "tuned" / "run"])))
     by_settings = {r["settings"]: r for r in rows}
