@@ -16,9 +16,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from run import OVERHEAD_SIZES, Bench, Stopped, machine, median_ci, stop_on_termination
+from harness import OVERHEAD_SIZES, Bench, Stopped, machine, stop_on_termination
 
 from unitrain.host import malloc
+from unitrain.report.intervals import median_ci
 
 # glibc's tunables for what unitrain sets with mallopt (the native script cannot call it).
 FIXED_ENV = {"MALLOC_MMAP_THRESHOLD_": str(malloc.MMAP_THRESHOLD), "MALLOC_TRIM_THRESHOLD_": str(malloc.TRIM_THRESHOLD)}
