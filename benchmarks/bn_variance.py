@@ -28,12 +28,12 @@ from pathlib import Path
 import numpy as np
 import torch
 from omegaconf import OmegaConf
-from run import median_ci
 
 import unitrain
 from unitrain.data.datasets import build_heldout_dataset
 from unitrain.host.machine import cpu
 from unitrain.model.weights import convert
+from unitrain.report.intervals import median_ci
 from unitrain.train.evaluation import Evaluator
 
 
@@ -71,7 +71,7 @@ def accuracy(args) -> None:
         dataset = build_heldout_dataset(cfg.data, cfg.trainer.seed)
         with np.load(ckpt / "model.npz") as npz:
             arrays = convert(dict(npz), meta["framework"], "torch")
-        model = T.build_model(cfg.model.name, dataset.num_classes)
+        model = unitrain.build_model(T, cfg.model.name, dataset.num_classes)
         n = values_per_channel(model, cfg.trainer.batch_size, cfg.data.image_size)
         row = {
             "step": meta["step"],
@@ -121,8 +121,8 @@ def cost(args) -> None:
     sizes = (("tiny", 16, 8),) if args.quick else (("resnet18", 32, 128), ("resnet50", 64, 16))
     for name, size, batch in sizes:
         models = {
-            "unitrain": P.build_model(name, 10, init="shared", seed=0),
-            "paddle's own": P.build_model(name, 10, init="shared", seed=0),
+            "unitrain": unitrain.build_model(P, name, 10, init="shared", seed=0),
+            "paddle's own": unitrain.build_model(P, name, 10, init="shared", seed=0),
         }
         for layer in models["paddle's own"].sublayers():
             if isinstance(layer, paddle.nn.BatchNorm2D):

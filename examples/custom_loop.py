@@ -14,7 +14,7 @@ backend.seed(0)
 data = unitrain.LearnableDataset(num_samples=512, image_size=16, num_classes=4)
 
 with backend.distributed() as dist:
-    model = backend.build_model("tiny", num_classes=4, device=dist.device)
+    model = unitrain.build_model(backend, "tiny", num_classes=4, image_size=16, device=dist.device)
     optimizer = backend.build_optimizer(model, unitrain.OptimConfig(lr=0.05))
     precision = backend.precision(unitrain.AmpConfig(level="O0"))
     model, optimizer = precision.decorate(model, optimizer)

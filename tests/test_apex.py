@@ -71,7 +71,7 @@ def test_apex_amp_on_a_cpu_stops_at_start_in_one_line(apex_env, tmp_path):
 def test_sync_bn_uses_apex_conversion_when_apex_is_importable(apex_env):
     code = (
         "import unitrain; from unitrain.backends.torch.distributed import _convert_sync_batchnorm\n"
-        "m = _convert_sync_batchnorm(unitrain.get_backend('torch').build_model('tiny', 10))\n"
+        "m = _convert_sync_batchnorm(unitrain.build_model(unitrain.get_backend('torch'), 'tiny', 10))\n"
         "print(sorted({type(x).__module__ + '.' + type(x).__name__ for x in m.modules()\n"
         "              if 'Norm' in type(x).__name__}))"
     )

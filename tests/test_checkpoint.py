@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import BACKENDS, FAST, run_unitrain
+from unitrain.model.build import build_model
 
 CKPT = [*FAST, "trainer.steps=8", "trainer.checkpoint_every=4", "trainer.save_final_weights=true"]
 
@@ -154,7 +155,9 @@ def test_checkpoint_of_the_other_framework_resumes_with_converted_weights(finish
     # metrics.jsonl says whose each step was, and so do the summary and the comparison.
     assert [r.get("framework") for r in result.metrics()] == [backend] * 8 + [None] * 2
     assert result.summary()["steps_by_framework"] == {backend: 8, other: 2}
-    from unitrain.report.training import fairness_warnings, load_runs, throughput
+    from unitrain.report.fairness import fairness_warnings
+    from unitrain.report.runs import load_runs
+    from unitrain.report.stats import throughput
 
     runs = load_runs([result.run_dir])
     assert throughput(runs)["over"] == "2 steps"
@@ -195,9 +198,9 @@ def test_converted_checkpoint_loads_in_plain_framework_code(finished, tmp_path):
 
     source = unitrain.get_backend(backend)
     target = unitrain.get_backend(other)
-    original = source.build_model("tiny", 10)
+    original = build_model(source, "tiny", 10)
     source.load_state_arrays(original, read_model_arrays(full.run_dir / "checkpoints" / "step8"))
-    converted = target.build_model("tiny", 10)
+    converted = build_model(target, "tiny", 10)
     if other == "torch":
         converted.load_state_dict(torch.load(out))
     else:

@@ -8,8 +8,8 @@ from hydra.errors import ConfigCompositionException
 from omegaconf.errors import ConfigKeyError, ValidationError
 
 from unitrain.config.schema import register_configs
-from unitrain.config.validation import validate
 from unitrain.errors import ConfigError
+from unitrain.jobs.select import validate
 from unitrain.launch import preflight
 from unitrain.launch.hydra import check_group_choices, group_options
 

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import BACKENDS, run_unitrain
+from unitrain.model.build import build_model
 from unitrain.model.pairing import PairingError, Param, convert_pair, match
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "my_nets"
@@ -249,7 +250,7 @@ def test_the_library_builds_a_pair_with_the_same_initial_weights(monkeypatch):
     states = {}
     for name in BACKENDS:
         backend = unitrain.get_backend(name)
-        states[name] = backend.state_arrays(backend.build_model(pair, num_classes=10, init="shared", seed=5))
+        states[name] = backend.state_arrays(build_model(backend, pair, num_classes=10, init="shared", seed=5))
     # Same draws in the same order: the torch fc1 weight is the transpose of Paddle's hidden weight.
     assert np.array_equal(states["torch"]["fc1.weight"], states["paddle"]["hidden.weight"].T)
     assert np.array_equal(states["torch"]["conv1.weight"], states["paddle"]["stem.weight"])

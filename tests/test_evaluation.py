@@ -15,6 +15,7 @@ from unitrain.data.augment import AugmentedDataset, EpochKeyedBatches
 from unitrain.data.datasets import LearnableDataset, SyntheticDataset
 from unitrain.data.fashion_mnist import DEFAULT_PATH, available
 from unitrain.data.sampler import DistributedBatchSampler
+from unitrain.model.build import build_model
 from unitrain.train.evaluation import HeldOutBatches
 
 HAVE_FASHION_MNIST = available()
@@ -110,7 +111,7 @@ def test_data_parallel_evaluation_equals_one_process(backend, tmp_path):
     assert distributed["val_samples"] == 37
 
     b = unitrain.get_backend(backend)
-    model = b.build_model("tiny", 10)
+    model = build_model(b, "tiny", 10)
     b.load_state_arrays(model, read_model_arrays(result.run_dir / "checkpoints" / "step4"))
     held_out = build_heldout_dataset(
         DataConfig(name="learnable", image_size=16, val_samples=37), seed=result.summary()["seed"]

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import BACKENDS, FAST, run_unitrain
+from unitrain.model.build import build_model
 
 TRAIN = [*FAST, "data=learnable", "data.val_samples=24", "trainer.steps=4", "trainer.checkpoint_every=4"]
 FOUR = {"model.torch.pt2", "model.torch.onnx", "model.paddle.json", "model.paddle.onnx"}
@@ -52,7 +53,7 @@ def checkpoint_logits(backend_name: str, run_dir: Path, images: np.ndarray) -> n
     step = (run_dir / "checkpoints" / "latest").read_text().strip()
     with np.load(run_dir / "checkpoints" / step / "model.npz") as f:
         arrays = {k: f[k] for k in f.files}
-    model = backend.build_model("tiny", 10)
+    model = build_model(backend, "tiny", 10)
     backend.load_state_arrays(model, arrays)
     model.eval()
     if backend_name == "torch":

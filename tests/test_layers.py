@@ -1,6 +1,7 @@
 """The layers stay honest: every backend has the same modules, each providing what the
 same-named interface module's Protocol lists; the core imports no framework, names none in a
-comparison, and has no import circle."""
+comparison, imports only down the layer order docs/architecture.md gives, and has no import
+circle."""
 
 from __future__ import annotations
 
@@ -164,6 +165,74 @@ def test_no_import_circle_in_the_core():
         if start not in state:
             visit(start, [start])
     assert circles == []
+
+
+def layer_order() -> list:
+    """docs/architecture.md's layer order, top first: each row a set of units (a sub-package
+    ``name/`` or a top-level module ``name.py``)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    block = text.split(LAYER_MARK, 1)[1].split("```", 2)[1]
+    unit = r"[\w]+/|[\w]+\.py"
+    rows = []
+    for line in block.splitlines():
+        found = re.match(rf"^\s*((?:{unit})(?:,\s*(?:{unit}))*)(\s{{2,}}|$)", line)
+        if found:
+            rows.append({u.strip().rstrip("/").removesuffix(".py") for u in found.group(1).split(",")})
+    return rows
+
+
+#: The line in docs/architecture.md above the block that gives the layer order.
+LAYER_MARK = "<!-- the layer order: tests/test_layers.py reads the block below -->"
+
+
+def unit_of(module: str) -> str:
+    """``unitrain.train.trainer`` -> ``train``; ``unitrain.app`` -> ``app``; ``unitrain`` (or a
+    name it defines, ``unitrain.__version__``) -> ``__init__``."""
+    parts = module.split(".")
+    top = {p.name for p in CORE.iterdir() if (p / "__init__.py").exists()} | {p.stem for p in CORE.glob("*.py")}
+    return parts[1] if len(parts) > 1 and parts[1] in top else "__init__"
+
+
+def test_the_layer_order_names_every_part_of_the_core_once():
+    rows = layer_order()
+    named = [u for row in rows for u in row]
+    units = {p.name for p in CORE.iterdir() if (p / "__init__.py").exists()} | {p.stem for p in CORE.glob("*.py")}
+    assert sorted(named) == sorted(units)
+
+
+def every_import(path: Path, package: str):
+    """(line, imported module) for every import of ``path``, at module level, in a function or
+    under TYPE_CHECKING alike."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
+            yield from ((node.lineno, f"{base}.{a.name}" if base == "unitrain" else base) for a in node.names)
+
+
+def test_the_core_imports_only_down_the_layer_order():
+    """No import up the order (not even inside a function), so no two sub-packages import each
+    other; the backends are loaded by name, never imported."""
+    rows = layer_order()
+    height = {u: len(rows) - i for i, row in enumerate(rows) for u in row}
+    upward = []
+    for path in sorted(CORE.rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        source = unit_of(name.removesuffix(".__init__"))
+        for line, target in every_import(path, package):
+            if target.split(".")[0] != "unitrain" or target == "unitrain" and source == "__init__":
+                continue
+            if target.startswith("unitrain.backends"):
+                upward.append(f"{path.relative_to(ROOT)}:{line} imports {target} (backends are loaded by name)")
+            elif height[unit_of(target)] > height[source]:
+                upward.append(f"{path.relative_to(ROOT)}:{line} {source} imports {target} ({unit_of(target)} is above)")
+    assert upward == []
 
 
 def test_the_top_level_holds_only_the_commands_and_the_public_api():

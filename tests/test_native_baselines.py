@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from unitrain.model.specs import MODELS
+from unitrain.spec.models import MODELS
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 SIZES = [("resnet18", 32), ("resnet50", 64), ("vit_tiny", 32), ("vit_small", 32)]

@@ -19,20 +19,20 @@ P, T = unitrain.get_backend("paddle"), unitrain.get_backend("torch")
 
 @pytest.mark.parametrize("name", ["tiny", "resnet18", "resnet18_cifar", "resnet50"])
 def test_round_trip_conversion_is_exact(name):
-    torch_state = T.state_arrays(T.build_model(name, 10))
+    torch_state = T.state_arrays(unitrain.build_model(T, name, 10))
     back = convert(convert(torch_state, "torch", "paddle"), "paddle", "torch")
     for key, value in torch_state.items():
         if key.endswith("num_batches_tracked"):
             assert back[key] == 0  # paddle has no such counter
         else:
             assert back[key].dtype == value.dtype and np.array_equal(back[key], value), key
-    paddle_state = P.state_arrays(P.build_model(name, 10))
+    paddle_state = P.state_arrays(unitrain.build_model(P, name, 10))
     again = convert(convert(paddle_state, "paddle", "torch"), "torch", "paddle")
     assert again.keys() == paddle_state.keys() and all(np.array_equal(again[k], v) for k, v in paddle_state.items())
 
 
 def test_layouts_and_names_are_mapped():
-    canonical = to_canonical("paddle", P.state_arrays(P.build_model("tiny", 7)))
+    canonical = to_canonical("paddle", P.state_arrays(unitrain.build_model(P, "tiny", 7)))
     assert canonical["fc.weight"].shape == (7, 64)  # paddle keeps [in, out]
     assert "bn1.running_mean" in canonical and "bn1.running_var" in canonical
     assert "bn1._mean" in from_canonical("paddle", canonical)
@@ -40,13 +40,13 @@ def test_layouts_and_names_are_mapped():
 
 @pytest.mark.parametrize("name, size", [("resnet18", 32), ("resnet18_cifar", 28), ("resnet18_stride2", 28)])
 def test_converted_model_computes_the_same_outputs(name, size):
-    torch_model = T.build_model(name, 10)
+    torch_model = unitrain.build_model(T, name, 10)
     with torch.no_grad():  # non-trivial running statistics, so eval mode tests their mapping
         for m in torch_model.modules():
             if isinstance(m, torch.nn.BatchNorm2d):
                 m.running_mean.uniform_(-0.5, 0.5)
                 m.running_var.uniform_(0.5, 2.0)
-    paddle_model = P.build_model(name, 10)
+    paddle_model = unitrain.build_model(P, name, 10)
     P.load_state_arrays(paddle_model, convert(T.state_arrays(torch_model), "torch", "paddle"))
     torch_model.eval()
     paddle_model.eval()
@@ -60,7 +60,7 @@ def test_training_leaves_the_same_batchnorm_statistics_on_both_frameworks():
     the biased batch variance and torch's the unbiased one, 1/(n-1) apart: 1/3 here, where
     layer3 and layer4 see n = 4 values a channel (4 images of 1x1 maps). unitrain's models
     follow torch on both, so the same training gives the same model to evaluate."""
-    models = {b: b.build_model("tiny", 10, init="shared", seed=3) for b in (P, T)}
+    models = {b: unitrain.build_model(b, "tiny", 10, init="shared", seed=3) for b in (P, T)}
     rng = np.random.default_rng(0)
     for batch in (4, 4, 6):  # a smaller last batch too: n is counted per batch
         x = rng.standard_normal((batch, 3, 16, 16)).astype(np.float32)
@@ -77,19 +77,21 @@ def test_training_leaves_the_same_batchnorm_statistics_on_both_frameworks():
 
 
 def test_shared_init_is_identical_on_both_frameworks():
-    a = to_canonical("paddle", P.state_arrays(P.build_model("resnet18", 10, init="shared", seed=5)))
-    b = T.state_arrays(T.build_model("resnet18", 10, init="shared", seed=5))
+    a = to_canonical("paddle", P.state_arrays(unitrain.build_model(P, "resnet18", 10, init="shared", seed=5)))
+    b = T.state_arrays(unitrain.build_model(T, "resnet18", 10, init="shared", seed=5))
     assert all(np.array_equal(a[k], b[k]) for k in b if not k.endswith("tracked"))
-    c = T.state_arrays(T.build_model("resnet18", 10, init="shared", seed=6))
+    c = T.state_arrays(unitrain.build_model(T, "resnet18", 10, init="shared", seed=6))
     assert not np.array_equal(b["conv1.weight"], c["conv1.weight"])
     assert np.all(b["layer1.0.bn2.weight"] == 0) and np.all(b["layer1.0.bn1.weight"] == 1)  # zero-init residual
 
 
 def test_weights_for_another_model_are_refused_in_one_line():
     with pytest.raises(unitrain.UnitrainError, match="the weights do not fit this model: .* missing"):
-        T.load_state_arrays(T.build_model("resnet18", 10), T.state_arrays(T.build_model("tiny", 10)))
+        T.load_state_arrays(
+            unitrain.build_model(T, "resnet18", 10), T.state_arrays(unitrain.build_model(T, "tiny", 10))
+        )
     with pytest.raises(unitrain.UnitrainError, match="shapes differ"):
-        P.load_state_arrays(P.build_model("tiny", 10), P.state_arrays(P.build_model("tiny", 5)))
+        P.load_state_arrays(unitrain.build_model(P, "tiny", 10), P.state_arrays(unitrain.build_model(P, "tiny", 5)))
 
 
 def run_parity(tmp_path, *args):

@@ -12,6 +12,7 @@ from torch import nn
 import unitrain
 from conftest import BACKENDS, FAST
 from unitrain import AmpConfig
+from unitrain.model.build import build_model
 
 torch_backend = unitrain.get_backend("torch")
 
@@ -162,7 +163,7 @@ def test_paddle_amp_on_cpu_decorates_but_reports_fp32():
     import paddle
 
     paddle_backend = unitrain.get_backend("paddle")
-    model = paddle_backend.build_model("tiny", num_classes=3)
+    model = build_model(paddle_backend, "tiny", num_classes=3)
     optimizer = paddle_backend.build_optimizer(model)
     precision = paddle_backend.precision(AmpConfig(level="O2", dtype="float16"))
     decorated_model, decorated_optimizer = precision.decorate(model, optimizer)
@@ -233,7 +234,7 @@ def test_o1_lists_around_a_transformers_softmax_layernorm_and_gelu(lists, expect
     from unitrain.model.custom import sized
 
     backend = torch_backend
-    model = backend.build_model(sized("vit_tiny", 16), 10, init="shared")
+    model = build_model(backend, sized("vit_tiny", 16), 10, init="shared")
     precision = backend.precision(AmpConfig(level="O1", dtype="bfloat16", **lists))
     model, _ = precision.decorate(model, backend.build_optimizer(model))
     seen = {}

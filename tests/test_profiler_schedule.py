@@ -84,8 +84,8 @@ def test_batch_plan_keep_global_splits_the_batch():
 
 
 def test_keep_global_needs_a_divisible_batch():
-    from unitrain.config.validation import validate
     from unitrain.errors import ConfigError
+    from unitrain.jobs.select import validate
 
     with pytest.raises(ConfigError, match="trainer.batch_size=10 is not allowed: a multiple of 4"):
         validate(

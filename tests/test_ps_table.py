@@ -114,7 +114,7 @@ def test_a_table_saved_and_loaded_goes_on_bit_for_bit(rule):
 
 
 def _serving(rng, ids):
-    from unitrain.model.serving import Serving
+    from unitrain.spec.serving import Serving
 
     widths = [13 + 26 * 4, 8, 1]
     layers = [
@@ -127,7 +127,7 @@ def _serving(rng, ids):
 
 
 def test_a_served_model_reads_unknown_ids_as_zero_rows_and_saves_whole(tmp_path):
-    from unitrain.model.serving import Serving
+    from unitrain.spec.serving import Serving
 
     rng = np.random.default_rng(0)
     ids = np.array([10**8, 3, 77, 5], np.int64)

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import BACKENDS, run_unitrain
 from unitrain.interface.backend import get_backend
+from unitrain.model.build import build_model
 from unitrain.model.custom import sized
 from unitrain.model.weights import convert
 
@@ -24,7 +25,7 @@ def test_both_frameworks_build_the_same_vit_and_compute_the_same_logits():
 
     spec = sized("vit_tiny", 16)
     t, p = get_backend("torch"), get_backend("paddle")
-    mt, mp = t.build_model(spec, 10, init="shared", seed=3), p.build_model(spec, 10, init="shared", seed=3)
+    mt, mp = build_model(t, spec, 10, init="shared", seed=3), build_model(p, spec, 10, init="shared", seed=3)
     torch_state, paddle_state = t.state_arrays(mt), convert(p.state_arrays(mp), "paddle", "torch")
     assert list(torch_state) == list(paddle_state)  # the same names, in the same order
     assert all(np.array_equal(torch_state[k], paddle_state[k]) for k in torch_state)

@@ -7,14 +7,16 @@ from unitrain.config.schema import AmpConfig, DataConfig, DistConfig, ModelConfi
 from unitrain.data.datasets import ImageFolderDataset, LearnableDataset, SyntheticDataset
 from unitrain.data.sampler import DistributedBatchSampler
 from unitrain.errors import BackendUnavailableError, ConfigError, UnitrainError, UnknownNameError
+from unitrain.host.machine import unitrain_version
 from unitrain.interface.backend import Backend, get_backend
 from unitrain.interface.distributed import DistributedContext
 from unitrain.interface.modules import available_backends
 from unitrain.interface.precision import MixedPrecision
+from unitrain.model.build import build_model
 from unitrain.model.custom import CustomModel
 from unitrain.train.step_timer import Profiler
 
-__version__ = "0.1.0"
+__version__ = unitrain_version()
 
 __all__ = [
     "AmpConfig",
@@ -37,5 +39,6 @@ __all__ = [
     "UnitrainError",
     "UnknownNameError",
     "available_backends",
+    "build_model",
     "get_backend",
 ]

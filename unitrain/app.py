@@ -6,34 +6,21 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Dict, Optional
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from unitrain.config.schema import register_configs
-from unitrain.config.validation import validate
 from unitrain.errors import NothingLeftToRun, Refusal, Stopped, UnitrainError
-from unitrain.interface.ps import PsLayout
+from unitrain.jobs.select import job_kind, validate
 from unitrain.launch import slurm
 from unitrain.launch.hydra import discard_refused, hydra_entry
-from unitrain.launch.supervise import launch, launch_ps, run_isolated
 from unitrain.report.training import table, write_report
-from unitrain.train.trainer import out_of_memory, train
+from unitrain.train.trainer import out_of_memory
 
 register_configs()
-
-
-def _choose(cfg: DictConfig) -> Callable[[DictConfig, Any], Optional[Dict[str, Any]]]:
-    """One process, data parallel, parameter servers, or (in a sweep) a fresh process per job."""
-    if cfg.dist.mode == "ps":
-        return launch_ps
-    if cfg.dist.nproc_per_node * cfg.dist.nnodes > 1:
-        return launch
-    if HydraConfig.get().mode.name == "MULTIRUN" or cfg.trainer.repeats > 1:
-        return run_isolated
-    return train
 
 
 def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
@@ -44,15 +31,18 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         # stopped, metrics are flushed.
         signal.signal(sig, _raise_stopped)
     try:
-        slurm.apply(cfg, HydraConfig.get().overrides.task, os.environ)
+        kind = job_kind(cfg)
+        if kind.nodes_from_slurm:
+            slurm.apply(cfg, HydraConfig.get().overrides.task, os.environ)
         validate(cfg)
-        job = _choose(cfg)
+        # A sweep's jobs run one after another in Hydra's process: each in a fresh one.
+        fresh = HydraConfig.get().mode.name == "MULTIRUN" or cfg.trainer.repeats > 1
         if cfg.trainer.repeats == 1:
-            summary = job(cfg, run_dir)
+            summary = kind.run(cfg, run_dir, fresh)
         else:
             for i in range(cfg.trainer.repeats):
                 (run_dir / f"repeat{i}").mkdir(exist_ok=True)
-                summary = job(cfg, run_dir / f"repeat{i}")
+                summary = kind.run(cfg, run_dir / f"repeat{i}", fresh)
     except NothingLeftToRun as err:
         print(f"unitrain: {err}", flush=True)
         return None
@@ -69,20 +59,12 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         print(f"unitrain: error: {out_of_memory(cfg)}", file=sys.stderr, flush=True)
         sys.exit(2)
     if summary is None:
-        print(f"node {cfg.dist.node_rank} finished; {_summary_holder(cfg)} holds the summary", flush=True)
+        print(f"node {cfg.dist.node_rank} finished; {kind.summary_holder(cfg)} holds the summary", flush=True)
     elif HydraConfig.get().mode.name == "RUN" and cfg.trainer.repeats > 1:
         print("\n" + write_report([run_dir]) + f"\n\nreport: {run_dir / 'report.html'}", flush=True)
     elif HydraConfig.get().mode.name == "RUN":
         print("\n" + table([run_dir]) + f"\n\nrun directory: {run_dir}", flush=True)
     return summary
-
-
-def _summary_holder(cfg: DictConfig) -> str:
-    """The node whose rank 0 writes the summary: in a parameter-server job, trainer 0's."""
-    if cfg.dist.mode != "ps":
-        return "node 0"
-    layout = PsLayout.of(cfg.dist.ps, cfg.dist.nnodes)
-    return f"node {min(n for n in range(cfg.dist.nnodes) if layout.trainers[n])} (trainer 0's)"
 
 
 def _raise_stopped(signum, frame) -> None:

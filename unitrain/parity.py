@@ -4,7 +4,8 @@ Both backends run in this one process, in fp32, from the same initial weights on
 batches, with the same threads; per step it reports each loss, their differences, the largest
 parameter difference and that of BatchNorm's running statistics, and on the first batch the
 first layer whose output differs. Writes parity.json and parity.png into the run directory and
-exits 1 when a difference exceeds ``tolerance``; the work is :mod:`unitrain.train.parity`'s.
+exits 1 when a difference exceeds ``tolerance``; the work is :mod:`unitrain.train.parity`'s, the
+plot :mod:`unitrain.report.parity`'s.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from omegaconf import DictConfig
 from unitrain.config.schema import register_configs
 from unitrain.errors import Refusal, UnitrainError
 from unitrain.launch.hydra import discard_refused, hydra_entry
-from unitrain.report.parity import format_table
+from unitrain.report.parity import format_table, plot
 from unitrain.train.parity import run_parity, validate
 
 register_configs()
@@ -30,6 +31,7 @@ def _main(cfg: DictConfig) -> None:
     out_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         report = run_parity(cfg, out_dir)
+        plot(report["per_step"], report["frameworks"], cfg.tolerance, out_dir / "parity.png")
     except UnitrainError as err:
         print(f"unitrain.parity: error: {err}", file=sys.stderr, flush=True)
         if isinstance(err, Refusal):

@@ -1,4 +1,5 @@
-"""The paddle Backend: glue from the unitrain interface to the modules beside this one."""
+"""The paddle Backend: the framework primitives the training loop needs (threads, seeds, the loss,
+state as NumPy, hooks on layer outputs)."""
 
 from __future__ import annotations
 
@@ -9,14 +10,9 @@ import numpy as np
 import paddle
 import paddle.nn.functional as F
 
-from unitrain.config.schema import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
-from unitrain.interface.backend import Backend
-from unitrain.interface.distributed import DistributedContext
-from unitrain.interface.profiler import Tracer
-from unitrain.model.specs import ResNetSpec
-from unitrain.model.weights import check_state
+from unitrain.interface.backend import Backend, check_state
 
-from . import blas, data, distributed, models, optim, precision, profiler
+from . import blas
 
 __all__ = ["create_backend"]
 
@@ -60,24 +56,6 @@ class PaddleBackend(Backend):
         random.seed(seed)
         np.random.seed(seed % 2**32)
         paddle.seed(seed)
-
-    def distributed(self, cfg: DistConfig | None = None, device: str = "auto") -> DistributedContext:
-        return distributed.make_context(cfg, device)
-
-    def precision(self, cfg: AmpConfig | None = None):
-        return precision.make_precision(cfg or AmpConfig())
-
-    def _build_resnet(self, spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -> models.ResNet:
-        return models.build_resnet(spec, num_classes, zero_init_residual)
-
-    def build_optimizer(self, model, cfg: OptimConfig | None = None):
-        return optim.build_optimizer(model, cfg or OptimConfig())
-
-    def set_lr(self, optimizer, lr: float) -> None:
-        optim.set_lr(optimizer, lr)
-
-    def make_loader(self, dataset, batch_sampler, num_workers: int = 0, device: str = "cpu"):
-        return data.make_loader(dataset, batch_sampler, num_workers, device)
 
     def loss(self, logits, labels, label_smoothing: float = 0.0):
         return F.cross_entropy(logits.astype("float32"), labels, label_smoothing=label_smoothing)
@@ -126,9 +104,6 @@ class PaddleBackend(Backend):
 
     def parameter_arrays(self, model):
         return {name: p.astype("float32").numpy() for name, p in model.named_parameters() if not p.stop_gradient}
-
-    def tracer(self, cfg: ProfilerConfig, path) -> Tracer:
-        return profiler.make_tracer(cfg, path)
 
     def peak_device_memory_mb(self, device: str) -> float | None:
         return paddle.device.cuda.max_memory_allocated(device) / 2**20 if device.startswith("gpu") else None

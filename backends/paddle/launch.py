@@ -1,17 +1,24 @@
-"""paddle.distributed.launch, as unitrain invokes it (this module does not import paddle)."""
+"""paddle.distributed.launch, as unitrain invokes it, and the etcd server its elastic mode needs
+beside it for restarts (this module does not import paddle)."""
 
 from __future__ import annotations
 
 import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 from unitrain.config.schema import DistConfig
 from unitrain.errors import UnitrainError
-from unitrain.host.etcd import etcd_server
+from unitrain.host import processes
 from unitrain.host.network import NodeNetwork
-from unitrain.interface.launch import Beside, Launcher, busy_port_error
+from unitrain.host.ports import free_port
+from unitrain.interface.launch import GLOO_PEER_LOSS, Beside, Launcher, busy_port_error
 from unitrain.interface.ps import PsLayout, Role
 
 __all__ = ["ACCELERATOR_PROBE", "LAUNCHER", "ps_role"]
@@ -27,6 +34,14 @@ class _PaddleLauncher(Launcher):
     times_out_rendezvous = False
     # Parameter-server mode is static graph only, and Paddle's sparse tables fail under PIR.
     ps_env = {"FLAGS_enable_pir_api": "0"}
+
+    peer_loss_markers = (
+        *GLOO_PEER_LOSS,
+        # brpc (Fleet's parameter-server client): a server not connected, refusing, or resetting.
+        "]Not connected to",
+        "[E111]",
+        "[E104]",
+    )
 
     def options(self, dist: DistConfig, run_dir: Path) -> List[str]:
         # --max_restart 0: a failed worker ends the job (paddle's default restarts it 3 times).
@@ -57,7 +72,7 @@ class _PaddleLauncher(Launcher):
         # handlers, meant for fork without exec, broke a restarted worker between the two
         # (epoll_wait: Bad file descriptor, then it ended); gRPC's own switch turns them off.
         env = {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python", "GRPC_ENABLE_FORK_SUPPORT": "false"}
-        with etcd_server(run_dir / "etcd.log") as endpoint:
+        with _etcd_server(run_dir / "etcd.log") as endpoint:
             options = ["--master", f"etcd://{endpoint}", "--elastic_level", "1", "--job_id", f"unitrain-{os.getpid()}"]
             yield Beside(options=options, env=env)
 
@@ -119,3 +134,64 @@ def ps_role(env: Mapping[str, str], layout: PsLayout) -> Role:
         endpoints = env.get("PADDLE_PSERVERS_IP_PORT_LIST", "").split(",")
         return Role("server", endpoints.index(endpoint) if endpoint in endpoints else 0, servers, trainers)
     return Role("trainer", int(env.get("PADDLE_TRAINER_ID", "0")), servers, trainers)
+
+
+# --- etcd: the key-value store whose leases the launcher's elastic mode (--master etcd://...)
+# keeps its pods' state in; Debian's etcd-server, one fresh server per job.
+#: Seconds etcd may take to answer on its client port.
+ETCD_READY_S = 30.0
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
+
+
+@contextmanager
+def _etcd_server(log_file: Path) -> Iterator[str]:
+    """A fresh etcd on free local ports, its output in ``log_file``; yields its client endpoint
+    (host:port) and stops it, however the block ends (it also dies with this process). Its data
+    (a 64 MB write-ahead log however little is kept) lives in a temporary directory, removed after."""
+    binary = shutil.which("etcd")
+    if binary is None:
+        raise UnitrainError(
+            "no etcd on this machine: paddle.distributed.launch restarts workers only with an etcd server "
+            "(`make etcd` installs Debian's etcd-server)"
+        )
+    with tempfile.TemporaryDirectory(prefix="unitrain-etcd-") as data_dir:
+        with _etcd_running(binary, Path(data_dir), log_file) as endpoint:
+            yield endpoint
+
+
+@contextmanager
+def _etcd_running(binary: str, data_dir: Path, log_file: Path) -> Iterator[str]:
+    client, peer = free_port(), free_port()
+    command = [
+        binary,
+        "--name=unitrain",
+        f"--data-dir={data_dir}",
+        f"--listen-client-urls=http://127.0.0.1:{client}",
+        f"--advertise-client-urls=http://127.0.0.1:{client}",
+        f"--listen-peer-urls=http://127.0.0.1:{peer}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+        f"--initial-cluster=unitrain=http://127.0.0.1:{peer}",
+    ]
+    with open(log_file, "w") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=processes.die_with_parent)
+    try:
+        deadline = time.monotonic() + ETCD_READY_S
+        while not _listening(client):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise UnitrainError(f"etcd did not start (see {log_file})")
+            time.sleep(0.1)
+        yield f"127.0.0.1:{client}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

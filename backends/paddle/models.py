@@ -1,14 +1,15 @@
-"""ResNets built from unitrain.model.specs specs, with the same layer names as the torch backend."""
+"""ResNets built from unitrain.spec.models specs, with the same layer names as the torch backend."""
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import paddle
 from paddle import nn
 from paddle.nn import functional as F
 
-from unitrain.model.specs import ResNetSpec, ViTSpec
+from unitrain.spec.models import ResNetSpec, ViTSpec
 
 __all__ = ["build_resnet", "build_vit", "linear_weights"]
 
@@ -53,14 +54,21 @@ class BatchNorm2D(nn.BatchNorm2D):
     Training itself (on the batch's statistics) is unchanged.
     """
 
+    def _paddles_own(self, x: paddle.Tensor) -> paddle.Tensor:
+        # Paddle's layer repeats on each training forward that it tracks running statistics,
+        # which is the documented behaviour both backends share.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="When training, we now always track global mean and variance")
+            return super().forward(x)
+
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         if not self.training or self._use_global_stats:
-            return super().forward(x)
+            return self._paddles_own(x)
         self._check_input_dim(x)
         m = self._momentum
         if not paddle.in_dynamic_mode():  # paddle.jit.to_static: the batch size may be a variable
             if not _static_op_folds_biased_variance(self._data_format):
-                return super().forward(x)
+                return self._paddles_own(x)
             running = self._variance.detach().clone()
             out = F.batch_norm(
                 x, self._mean, running, self.weight, self.bias, True, m, self._epsilon, self._data_format
@@ -71,7 +79,7 @@ class BatchNorm2D(nn.BatchNorm2D):
             return out
         n = math.prod(x.shape) // self._num_features
         if n < 2 or not _op_folds_biased_variance(x, self._data_format):
-            return super().forward(x)
+            return self._paddles_own(x)
         k = n / (n - 1)
         # Paddle's op updates its variance input to m * input + (1 - m) * biased; given
         # before / k, that is exactly torch's value / k. The op keeps its variance input for the

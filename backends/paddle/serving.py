@@ -16,7 +16,7 @@ import paddle
 from unitrain.backends.paddle.export import onnx_from_program
 from unitrain.data.criteo import DENSE_FEATURES, SPARSE_SLOTS
 from unitrain.errors import UnitrainError
-from unitrain.model.serving import Serving
+from unitrain.spec.serving import Serving
 
 __all__ = ["READERS", "WRITERS", "load_native", "read_checkpoint", "save"]
 

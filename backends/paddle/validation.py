@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
-from unitrain.config.schema import DistConfig
+from unitrain.config.schema import DistConfig, UnitrainConfig
 from unitrain.errors import ConfigError
 
-__all__ = ["check", "check_all_reduce"]
+__all__ = ["check_all_reduce", "check_collective", "check_ps"]
 
 
 #: The first paddlepaddle unitrain's collective training runs on.
@@ -26,9 +26,9 @@ def _installed() -> Optional[Tuple[int, ...]]:
     return None
 
 
-def check(cfg: Any) -> None:
+def check_collective(cfg: UnitrainConfig) -> None:
     installed = _installed()
-    if cfg.dist.mode != "ps" and installed is not None and installed < COLLECTIVE_SINCE:
+    if installed is not None and installed < COLLECTIVE_SINCE:
         # 3.0.0, the parameter-server environment's, lacks what training uses (Optimizer.zero_grad).
         have = ".".join(map(str, installed))
         raise ConfigError(
@@ -37,7 +37,13 @@ def check(cfg: Any) -> None:
             f"a paddlepaddle of {'.'.join(map(str, COLLECTIVE_SINCE))} or later with dist.mode=collective (this "
             f"environment has {have}, as the parameter-server environment .venv-ps does; train from .venv)",
         )
-    if cfg.dist.mode == "ps" and cfg.dist.ps.servers > 0 and cfg.optim.name == "adagrad":
+    _check_apex(cfg)
+    check_all_reduce(cfg.dist)
+
+
+def check_ps(cfg: UnitrainConfig) -> None:
+    ps = cfg.dist.ps
+    if ps.servers > 0 and cfg.optim.name == "adagrad":
         # the_one_ps.py: "The dense optimizer in PS is only supported SGD or Adam!"
         raise ConfigError(
             "optim",
@@ -45,19 +51,22 @@ def check(cfg: Any) -> None:
             "sgd or adam with backend=paddle on parameter servers (Fleet's dense tables have no Adagrad rule; "
             "dist.ps.servers=0 trains Adagrad in one process)",
         )
-    ps = cfg.dist.ps
-    if cfg.dist.mode == "ps" and ps.servers > 0 and ps.sync == "geo" and cfg.trainer.checkpoint_every:
+    if ps.servers > 0 and ps.sync == "geo" and cfg.trainer.checkpoint_every:
         # MemorySparseGeoTable::Save writes nothing: a checkpoint would hold no embeddings.
         raise ConfigError(
             "trainer.checkpoint_every",
             cfg.trainer.checkpoint_every,
             "0 with dist.ps.sync=geo on backend=paddle (Fleet's geo tables cannot be saved; sync or async save them)",
         )
-    if cfg.dist.mode == "ps" and cfg.dist.nnodes > 1:
+    if cfg.dist.nnodes > 1:
         _check_ps_hosts(cfg.dist)
+    _check_apex(cfg)
+    check_all_reduce(cfg.dist)
+
+
+def _check_apex(cfg: UnitrainConfig) -> None:
     if cfg.amp.impl == "apex":
         raise ConfigError("amp.impl", "apex", "native with backend=paddle (NVIDIA Apex is a PyTorch extension)")
-    check_all_reduce(cfg.dist)
 
 
 def check_all_reduce(dist: DistConfig) -> None:

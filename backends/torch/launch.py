@@ -10,7 +10,7 @@ from unitrain.config.schema import DistConfig
 from unitrain.errors import UnitrainError
 from unitrain.host.network import NodeNetwork
 from unitrain.host.ports import free_port
-from unitrain.interface.launch import Launcher, busy_port_error, not_joined_error
+from unitrain.interface.launch import GLOO_PEER_LOSS, Launcher, busy_port_error, not_joined_error
 from unitrain.interface.ps import PsLayout, Role
 
 __all__ = ["ACCELERATOR_PROBE", "LAUNCHER", "ps_role"]
@@ -22,6 +22,12 @@ class _TorchLauncher(Launcher):
     module, writes_workerlogs = "torch.distributed.run", False
     rank_env, local_rank_env = "RANK", "LOCAL_RANK"
     times_out_rendezvous = True
+
+    peer_loss_markers = (
+        *GLOO_PEER_LOSS,
+        # TensorPipe (torch.distributed.rpc): any transport error (EPIPE, EOF).
+        "tensorpipe/transport/",
+    )
 
     def options(self, dist: DistConfig, run_dir: Path) -> List[str]:
         return _torchrun_options(dist, dist.nproc_per_node)

@@ -1,11 +1,11 @@
-"""ResNets built from unitrain.model.specs specs, with torchvision's layer names (conv1, bn1, layer1..4, fc)."""
+"""ResNets built from unitrain.spec.models specs, with torchvision's layer names (conv1, bn1, layer1..4, fc)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from unitrain.model.specs import ResNetSpec, ViTSpec
+from unitrain.spec.models import ResNetSpec, ViTSpec
 
 __all__ = ["build_resnet", "build_vit", "linear_weights"]
 

@@ -11,7 +11,7 @@ import torch
 
 from unitrain.backends.torch.export import onnx_export
 from unitrain.data.criteo import DENSE_FEATURES, SPARSE_SLOTS
-from unitrain.model.serving import Serving
+from unitrain.spec.serving import Serving
 
 __all__ = ["READERS", "WRITERS", "load_native", "read_checkpoint", "save"]
 

@@ -5,27 +5,32 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Any, Set
+from typing import Set
 
-from unitrain.config.schema import DistConfig
+from unitrain.config.schema import DistConfig, UnitrainConfig
 from unitrain.errors import ConfigError
 from unitrain.host import machine
-from unitrain.model.specs import MODELS, ResNetSpec
+from unitrain.spec.models import MODELS, ResNetSpec
 
 log = logging.getLogger("unitrain")
 _warned: Set[str] = set()  # validate() runs before Hydra and again inside it: say it once
 
-__all__ = ["check", "check_all_reduce"]
+__all__ = ["check_all_reduce", "check_collective", "check_ps"]
 
 
-def check(cfg: Any) -> None:
-    if cfg.dist.mode == "ps" and cfg.dist.ps.sync == "geo":
+def check_collective(cfg: UnitrainConfig) -> None:
+    check_all_reduce(cfg.dist)
+    _warn_of_onednn_bf16_on_one_pixel(cfg)
+
+
+def check_ps(cfg: UnitrainConfig) -> None:
+    if cfg.dist.ps.sync == "geo":
         raise ConfigError(
             "dist.ps.sync",
             "geo",
             "sync or async with backend=torch (geo-SGD is Paddle's; torch.distributed.rpc has no counterpart)",
         )
-    if cfg.dist.mode == "ps" and cfg.dist.ps.feed == "engine":
+    if cfg.dist.ps.feed == "engine":
         raise ConfigError(
             "dist.ps.feed",
             "engine",
@@ -33,10 +38,9 @@ def check(cfg: Any) -> None:
             "workers already read them: data.num_workers)",
         )
     check_all_reduce(cfg.dist)
-    _warn_of_onednn_bf16_on_one_pixel(cfg)
 
 
-def _warn_of_onednn_bf16_on_one_pixel(cfg: Any) -> None:
+def _warn_of_onednn_bf16_on_one_pixel(cfg: UnitrainConfig) -> None:
     """oneDNN's bf16 convolution backward (torch's on AVX-512 CPUs) returns non-finite weight
     gradients, at random, for a stride-2 3x3 convolution whose input is one pixel (benchmarks/README.md,
     "oneDNN bf16 NaN"); a ResNet's layer4 sees one at data.image_size <= 16. The run then stops with a NaN

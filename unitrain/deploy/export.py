@@ -28,6 +28,7 @@ from unitrain.host.machine import cpu
 from unitrain.interface.backend import Backend, get_backend
 from unitrain.interface.evaluation import evaluation_module
 from unitrain.interface.export import ExportModule, export_module
+from unitrain.model.build import build_model
 from unitrain.model.custom import CustomModel
 from unitrain.model.transfer import checkpoint_model, weights_for
 from unitrain.model.weights import Arrays
@@ -59,7 +60,7 @@ class Source:
         """Logits of the checkpoint's own model, in its own framework, in inference mode."""
         if len(images) not in self._logits:
             backend = get_backend(self.framework)
-            model = backend.build_model(self.model, self.classes)
+            model = build_model(backend, self.model, self.classes)
             backend.load_state_arrays(model, self.arrays)
             predict = evaluation_module(self.framework).predict
             self._logits[len(images)] = np.asarray(predict(model, images), dtype=np.float32)
@@ -80,7 +81,7 @@ class Target:
 
     def model(self, source: Source) -> Any:
         """The checkpoint's model in this framework, its weights converted exactly."""
-        model = self.backend.build_model(source.model, source.classes)
+        model = build_model(self.backend, source.model, source.classes)
         self.backend.load_state_arrays(model, weights_for(source.arrays, source.meta, self.backend, model))
         return model
 

@@ -3,7 +3,7 @@ on a parameter-server checkpoint) and the scoring of Criteo lines with it (``pyt
 unitrain.infer <export dir> --criteo <file or folder>``).
 
 An export directory holds ``vocabulary.npz`` (the ids the tables hold, their rows, the tower,
-the dense features' standardization: :class:`unitrain.model.serving.Serving`) and the models each
+the dense features' standardization: :class:`unitrain.spec.serving.Serving`) and the models each
 framework wrote, native and ONNX, which take the standardized dense features and each slot's
 row. Every model is run by its deployment runtime and compared with the NumPy reference on
 held-out rows (with ids the tables never held among them) before it is kept.
@@ -26,9 +26,9 @@ from unitrain.deploy import artifacts
 from unitrain.errors import UnitrainError
 from unitrain.host.machine import cpu
 from unitrain.interface.serving import Predict, serving_module
-from unitrain.model.serving import FILE, Serving
 from unitrain.ps.checkpoint import STANDARDIZE
 from unitrain.ps.data import job_data
+from unitrain.spec.serving import FILE, Serving
 from unitrain.train.checkpoint import checkpoint_run_dir
 
 KIND = "ps"

@@ -44,6 +44,7 @@ from unitrain.host.atomic import replace_text
 from unitrain.host.machine import cpu
 from unitrain.interface.backend import Backend, get_backend
 from unitrain.interface.quantize import QuantizeModule, Saved, quantize_module
+from unitrain.model.build import build_model
 from unitrain.model.transfer import checkpoint_model, weights_for
 from unitrain.model.weights import Arrays
 from unitrain.report.quantize import RESULT, markdown, plot, table
@@ -196,7 +197,7 @@ def quantize(cfg: QuantizeConfig, out_dir: Path) -> Dict[str, Any]:
     }
     how = q.settings()
     weights = weights_for(
-        read_model_arrays(q.checkpoint), meta, q.backend, q.backend.build_model(checkpoint_model(meta), q.classes)
+        read_model_arrays(q.checkpoint), meta, q.backend, build_model(q.backend, checkpoint_model(meta), q.classes)
     )
     if cfg.method == "qat":
         saved, how["qat"] = quantization_aware_training(q, weights, int8_dir)
@@ -219,7 +220,7 @@ def quantize(cfg: QuantizeConfig, out_dir: Path) -> Dict[str, Any]:
 
 
 def _post_training(q: Quantization, weights: Arrays, int8_dir: Path) -> Saved:
-    model = q.backend.build_model(checkpoint_model(q.meta), q.classes)
+    model = build_model(q.backend, checkpoint_model(q.meta), q.classes)
     q.backend.load_state_arrays(model, weights)
     print(f"{q.cfg.method} quantization in {q.framework} ...", flush=True)
     return q.toolkit.save_quantized(

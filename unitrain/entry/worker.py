@@ -147,14 +147,14 @@ def _run(args: argparse.Namespace, role: Optional[Any], on_sigterm: Callable, at
     from omegaconf import OmegaConf
 
     from unitrain.config.schema import UnitrainConfig
-    from unitrain.config.validation import processes_per_node
-    from unitrain.host.threads import export_threads, resolve_threads
+    from unitrain.host.threads import export_threads
     from unitrain.interface.backend import get_backend
     from unitrain.ps.job import run_process
     from unitrain.train.trainer import train
 
     cfg = OmegaConf.merge(OmegaConf.structured(UnitrainConfig), OmegaConf.load(args.config))
-    export_threads(resolve_threads(cfg.trainer.threads, processes_per_node(cfg)))
+    # Resolved by the main process to this process's share of the node's cores.
+    export_threads(cfg.trainer.threads)
     get_backend(cfg.backend.name)
     # Importing paddle installs its own C++ SIGTERM handler, which dumps a stack and never
     # records that the launcher stopped this rank: take the signal back.

@@ -8,6 +8,7 @@ AVX-512 with VNNI and bf16.
 from __future__ import annotations
 
 import functools
+import importlib.metadata
 import os
 import platform
 from typing import Dict, List
@@ -73,3 +74,11 @@ def describe_cpu(c: Dict[str, object], env: Dict[str, str]) -> str:
     extensions = ", ".join(c["extensions"] or ()) or "none of AVX2/AVX-512/VNNI/AMX/bf16"
     line = f"{c['model']}, {c['logical_cpus']} logical CPUs, extensions: {extensions}"
     return line + (f"; {', '.join(f'{k}={v}' for k, v in env.items())}" if env else "")
+
+
+def unitrain_version() -> str:
+    """The installed unitrain's version, as pip recorded it from pyproject.toml (its one source)."""
+    try:
+        return importlib.metadata.version("unitrain")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"

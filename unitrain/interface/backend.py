@@ -1,10 +1,14 @@
-"""The Backend: the whole of what the training loop needs from a framework, as one object.
+"""The Backend: a framework's primitives the training loop needs, as one object.
 
 ``backends/<name>/backend.py`` subclasses it and provides ``create_backend()``;
 :func:`get_backend` imports it on first use, so choosing ``torch`` never imports paddle and a
-missing framework only matters to the backend that needs it. What a backend offers beyond the
-training loop (export, inference, quantization, parameter servers...) is a module of its own,
-with a Protocol in the same-named module of :mod:`unitrain.interface`, not more methods here.
+missing framework only matters to the backend that needs it. Everything else a backend offers
+(its data loader, optimizer, distributed context, precision, profiler, models, export...) is a
+module of its own, with a Protocol in the same-named module of :mod:`unitrain.interface`, loaded
+by name: that is how the core reaches it. The few methods below that hand on to those modules
+(``distributed``, ``precision``, ``build_optimizer``, ``set_lr``, ``make_loader``, ``tracer``)
+are written once, here, for a loop of one's own (docs/library.md); models are built by
+:func:`unitrain.model.build.build_model`.
 """
 
 from __future__ import annotations
@@ -17,16 +21,13 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Protocol, Tupl
 import numpy as np
 
 from unitrain.config.schema import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
+from unitrain.errors import UnitrainError
 from unitrain.interface import modules
-from unitrain.interface.distributed import DistributedContext
-from unitrain.interface.models import models_module
-from unitrain.interface.precision import MixedPrecision
-from unitrain.interface.profiler import Tracer
-from unitrain.model.custom import CustomModel
-from unitrain.model.initial_weights import shared_init
-from unitrain.model.pairing import shared_initial_state
-from unitrain.model.specs import MODELS, ResNetSpec, ViTSpec
-from unitrain.model.weights import from_canonical, to_canonical
+from unitrain.interface.data import data_module
+from unitrain.interface.distributed import DistributedContext, distributed_module
+from unitrain.interface.optim import optim_module
+from unitrain.interface.precision import MixedPrecision, precision_module
+from unitrain.interface.profiler import Tracer, profiler_module
 
 #: A framework's own object (a module, an optimizer, a tensor): the core never looks inside.
 Native = Any
@@ -53,61 +54,29 @@ class Backend(ABC):
     def seed(self, seed: int) -> None:
         """Seed the framework's RNGs (initial weights, dropout)."""
 
-    # --- building blocks --------------------------------------------------------------------
-    @abstractmethod
-    def distributed(self, cfg: DistConfig | None = None, device: str = "auto") -> DistributedContext: ...
+    # --- a loop of one's own: each hands on to the backend's module of that name -------------
+    def distributed(self, cfg: DistConfig | None = None, device: str = "auto") -> DistributedContext:
+        return distributed_module(self.name).make_context(cfg, device)
 
     def precision(self, cfg: AmpConfig | None = None) -> MixedPrecision:
-        return MixedPrecision(cfg)
+        return precision_module(self.name).make_precision(cfg or AmpConfig())
 
-    def build_model(
-        self,
-        model: str | ResNetSpec | ViTSpec | CustomModel,
-        num_classes: int,
-        device: str | None = None,
-        zero_init_residual: bool = True,
-        init: str = "framework",
-        seed: int = 0,
-    ) -> Native:
-        """A model from the shared specs (:data:`unitrain.model.specs.MODELS`: ResNets, ViTs), or a
-        user's model from its factory, on ``device``.
-
-        ``init="shared"`` loads weights drawn in NumPy from ``seed``: the same on every framework.
-        """
-        spec = MODELS.get(model) if isinstance(model, str) else model
-        if isinstance(spec, ResNetSpec):
-            net = self._build_resnet(spec, num_classes, zero_init_residual)
-            if init == "shared":
-                canonical = to_canonical(self.name, self.state_arrays(net))
-                shapes = {name: tuple(array.shape) for name, array in canonical.items()}
-                initial = shared_init(shapes, spec, seed, zero_init_residual)
-                self.load_state_arrays(net, from_canonical(self.name, initial))
-        else:
-            if isinstance(spec, ViTSpec):
-                net = models_module(self.name).build_vit(spec, num_classes)
-            else:
-                net = spec.build(self.name, num_classes)
-            if init == "shared":
-                linear = models_module(self.name).linear_weights(net)
-                self.load_state_arrays(net, shared_initial_state(self.name, self.state_arrays(net), linear, seed))
-        # Both frameworks' layers have .to(device) returning the layer itself.
-        return net.to(device) if device else net
-
-    @abstractmethod
-    def _build_resnet(self, spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -> Native: ...
-
-    @abstractmethod
     def build_optimizer(self, model: Native, cfg: OptimConfig | None = None) -> Native:
-        """Momentum SGD with L2 weight decay, the seed's optimizer."""
+        """Momentum SGD with L2 weight decay (or ``cfg.name``'s optimizer)."""
+        return optim_module(self.name).build_optimizer(model, cfg or OptimConfig())
 
-    @abstractmethod
-    def set_lr(self, optimizer: Native, lr: float) -> None: ...
+    def set_lr(self, optimizer: Native, lr: float) -> None:
+        optim_module(self.name).set_lr(optimizer, lr)
 
-    @abstractmethod
     def make_loader(
         self, dataset: Any, batch_sampler: Iterable[List[int]], num_workers: int = 0, device: str = "cpu"
     ) -> Iterable[Tuple[Native, Native]]:
         """The framework's own DataLoader over a NumPy dataset, yielding (images, labels) on ``device``."""
+        return data_module(self.name).make_loader(dataset, batch_sampler, num_workers, device)
+
+    def tracer(self, cfg: ProfilerConfig, path: Path) -> Tracer:
+        """The framework's profiler over the configured step window, writing a Chrome trace to ``path``."""
+        return profiler_module(self.name).make_tracer(cfg, path)
 
     # --- step pieces ------------------------------------------------------------------------
     @abstractmethod
@@ -171,10 +140,6 @@ class Backend(ABC):
         """Call ``callback(output)`` after each forward of ``layer``; returns a handle with remove()."""
 
     @abstractmethod
-    def tracer(self, cfg: ProfilerConfig, path: Path) -> Tracer:
-        """The framework's profiler over the configured step window, writing a Chrome trace to ``path``."""
-
-    @abstractmethod
     def peak_device_memory_mb(self, device: str) -> float | None:
         """Peak memory the framework allocated on an accelerator; None on the CPU."""
 
@@ -184,6 +149,26 @@ class Backend(ABC):
 
     def describe(self) -> Dict[str, Any]:
         return {"backend": self.name, "framework": self.package, "version": self.version(), "threads": self.threads()}
+
+
+def check_state(names: Iterable[str], shapes: Dict[str, tuple], arrays: Dict[str, Any]) -> None:
+    """One line naming what does not fit, before a framework half-loads a state."""
+    names = list(names)
+    missing, unexpected = sorted(set(names) - set(arrays)), sorted(set(arrays) - set(names))
+    if missing or unexpected:
+
+        def some(keys: list) -> str:
+            return ", ".join(keys[:3]) + ("..." if len(keys) > 3 else "")
+
+        raise UnitrainError(
+            f"the weights do not fit this model: {len(missing)} missing ({some(missing)}), {len(unexpected)} "
+            f"unexpected ({some(unexpected)})"
+        )
+    wrong = [f"{k} {tuple(arrays[k].shape)} vs {shapes[k]}" for k in names if tuple(arrays[k].shape) != shapes[k]]
+    if wrong:
+        raise UnitrainError(
+            f"the weights do not fit this model: shapes differ for {len(wrong)} tensor(s), e.g. {wrong[0]}"
+        )
 
 
 class BackendModule(Protocol):

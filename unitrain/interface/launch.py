@@ -12,13 +12,24 @@ from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Mapping, Optional, Protocol, cast
+from typing import Dict, Iterator, List, Mapping, Optional, Protocol, Tuple, cast
 
 from unitrain.config.schema import DistConfig
 from unitrain.errors import UnitrainError
 from unitrain.host.network import NodeNetwork
 from unitrain.interface import modules
 from unitrain.interface.ps import PsLayout, Role
+
+
+#: What gloo, the collective library both frameworks' CPU builds use, writes when a peer goes away
+#: (any pair error, timeouts included, is about the peer): for the backends' peer_loss_markers.
+GLOO_PEER_LOSS = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "IoException",
+    "transport/tcp/pair.cc",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +52,9 @@ class Launcher(ABC):
     times_out_rendezvous: bool
     #: Variables the framework needs set before it loads, in parameter-server mode.
     ps_env: Mapping[str, str] = {}
+    #: What the framework's collective and RPC libraries write when a peer process disappears:
+    #: a process whose log or error holds one died of another's death, not of its own.
+    peer_loss_markers: Tuple[str, ...] = ()
 
     @abstractmethod
     def options(self, dist: DistConfig, run_dir: Path) -> List[str]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, List, Protocol, cast
 
 from unitrain.interface import modules
-from unitrain.model.specs import ResNetSpec, ViTSpec
+from unitrain.spec.models import ResNetSpec, ViTSpec
 
 
 class ModelsModule(Protocol):

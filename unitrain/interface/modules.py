@@ -10,6 +10,7 @@ without loading paddle or torch.
 from __future__ import annotations
 
 import importlib
+import warnings
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Dict, List
@@ -44,11 +45,16 @@ def module_path(backend: str, module: str) -> str:
 
 def load(backend: str, module: str) -> ModuleType:
     """The backend's module of that name; a framework that is not installed is one line naming
-    the extra that installs it."""
+    the extra that installs it. The warnings the backend package lists in ``QUIET_ON_IMPORT``
+    are silenced while it loads."""
     path = module_path(backend, module)
     entry = _BACKENDS[backend]
     try:
-        return importlib.import_module(path)
+        quiet = getattr(importlib.import_module(entry.package), "QUIET_ON_IMPORT", ())
+        with warnings.catch_warnings():
+            for message in quiet:
+                warnings.filterwarnings("ignore", message=message)
+            return importlib.import_module(path)
     except ModuleNotFoundError as err:
         if err.name and err.name.split(".")[0] == entry.framework:
             raise BackendUnavailableError(

@@ -1,5 +1,5 @@
 """Serving a parameter-server job's wide&deep model: what ``backends/<name>/serving.py``
-provides. The core (:mod:`unitrain.model.serving`, :mod:`unitrain.deploy.ps_export`) holds the
+provides. The core (:mod:`unitrain.spec.serving`, :mod:`unitrain.deploy.ps_export`) holds the
 model as NumPy arrays and checks every exported file against them."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Mapping, Protocol, Tuple, cast
 import numpy as np
 
 from unitrain.interface import modules
-from unitrain.model.serving import Serving
+from unitrain.spec.serving import Serving
 
 #: (ids, rows [n, dim + 1] deep | wide, the tower's layers as [in, out] weights and biases)
 Parts = Tuple[np.ndarray, np.ndarray, List[Tuple[np.ndarray, np.ndarray]]]

@@ -10,25 +10,9 @@ from unitrain.config.schema import DistConfig
 from unitrain.errors import Refusal, UnitrainError
 from unitrain.host import processes
 from unitrain.interface.launch import Launcher
-from unitrain.interface.ps import PsLayout
 from unitrain.launch.workers import DEATH_POLL_S, worker_statuses, zombie
 
 LOG_TAIL_LINES = 20
-
-
-# What gloo writes when a peer disappears: a rank whose log ends so died of another's death.
-PEER_LOSS_MARKERS = (
-    "Connection reset by peer",
-    "Connection closed by peer",
-    "Broken pipe",
-    "IoException",
-    "transport/tcp/pair.cc",  # any gloo pair error (timeouts included) is about the peer
-    "tensorpipe/transport/",  # and any TensorPipe transport error (torch.distributed.rpc's EPIPE, EOF)
-    # brpc (Fleet's parameter-server client): a server not connected, refusing, or resetting.
-    "]Not connected to",
-    "[E111]",
-    "[E104]",
-)
 
 
 class WorkerFailedError(UnitrainError):
@@ -55,10 +39,10 @@ def _name_of(status: Dict[str, Any]) -> str:
     return status.get("name") or f"rank {status['rank']}"
 
 
-def _lost_a_peer(run_dir: Path, status: Dict[str, Any]) -> bool:
+def _lost_a_peer(run_dir: Path, status: Dict[str, Any], launcher: Launcher) -> bool:
     # Far enough back to get past a C++ stack dump printed after the error.
     text = status.get("error", "") + "\n".join(_last_lines(run_dir / _log_of(status), 400))
-    return any(marker in text for marker in PEER_LOSS_MARKERS)
+    return any(marker in text for marker in launcher.peer_loss_markers)
 
 
 class DeathWatch:
@@ -90,7 +74,9 @@ def _plural(names: List[str]) -> str:
     return "rank(s) " + ", ".join(n[5:] for n in names)
 
 
-def _roles(statuses: List[Dict[str, Any]], run_dir: Path, gone: Dict[int, float]) -> Dict[str, List[Dict[str, Any]]]:
+def _roles(
+    statuses: List[Dict[str, Any]], run_dir: Path, gone: Dict[int, float], launcher: Launcher
+) -> Dict[str, List[Dict[str, Any]]]:
     """Who brought the job down (culprits), who lost the connection to them (followers), who the
     launcher stopped after (stopped), and who ended in a later poll than the first (after).
 
@@ -98,7 +84,7 @@ def _roles(statuses: List[Dict[str, Any]], run_dir: Path, gone: Dict[int, float]
     Ranks whose log says a peer went away died of another's death, not their own. A rank
     "terminated" was stopped by the launcher after another one failed."""
     ended = [s for s in statuses if s["status"] in ("running", "failed")]
-    causes = [s for s in ended if not _lost_a_peer(run_dir, s)]
+    causes = [s for s in ended if not _lost_a_peer(run_dir, s, launcher)]
     vanished = [s for s in causes if s["status"] == "running"]
     after: List[Dict[str, Any]] = []
     if len(vanished) > 1 and all(s["rank"] in gone for s in vanished):
@@ -153,9 +139,10 @@ def _another_node(
     )
 
 
-def _known_failure(run_dir: Path, launcher: Launcher, dist: DistConfig, started: bool) -> Optional[UnitrainError]:
-    """A failure the launcher can name from its own log and this node's worker logs."""
-    workers = PsLayout.of(dist.ps, dist.nnodes).trainers[dist.node_rank] if dist.mode == "ps" else dist.nproc_per_node
+def _known_failure(
+    run_dir: Path, launcher: Launcher, dist: DistConfig, started: bool, workers: int
+) -> Optional[UnitrainError]:
+    """A failure the launcher can name from its own log and this node's ``workers`` worker logs."""
     worker_logs = [_read(run_dir / f"workerlog.{i}") for i in range(workers)]
     return launcher.known_failure(dist, _read(run_dir / "launcher.log"), worker_logs, started)
 
@@ -166,10 +153,12 @@ def diagnose(
     returncode: int,
     dist: Optional[DistConfig] = None,
     gone: Optional[Dict[int, float]] = None,
+    workers: int = 0,
 ) -> UnitrainError:
-    """Name the rank that brought the job down, with the tail of its log."""
+    """Name the rank that brought the job down, with the tail of its log (``workers``: this
+    node's processes that write workerlog.<i>, where a launcher's own failure shows)."""
     statuses = worker_statuses(run_dir)
-    known = _known_failure(run_dir, launcher, dist, bool(statuses)) if dist is not None else None
+    known = _known_failure(run_dir, launcher, dist, bool(statuses), workers) if dist is not None else None
     if known is not None:
         return known
     failed = [s for s in statuses if s["status"] == "failed"]
@@ -179,7 +168,7 @@ def diagnose(
     refused = _shared_refusal(failed) if others_stopped else None
     if refused is not None:
         return refused
-    roles = _roles(statuses, run_dir, gone or {})
+    roles = _roles(statuses, run_dir, gone or {}, launcher)
     culprits = roles["culprits"]
     refused = _shared_refusal(culprits)
     if refused is not None:
@@ -191,7 +180,7 @@ def diagnose(
             f"{launcher.module} exited with code {returncode} before any worker reported; its "
             f"output:\n{_tail(run_dir / 'launcher.log')}"
         )
-    if dist is not None and dist.nnodes > 1 and all(_lost_a_peer(run_dir, s) for s in culprits):
+    if dist is not None and dist.nnodes > 1 and all(_lost_a_peer(run_dir, s, launcher) for s in culprits):
         return _another_node(run_dir, launcher, returncode, dist, culprits)
     lines = []
     for s in culprits:

@@ -56,9 +56,10 @@ def layout(env: Mapping[str, str]) -> Optional[SlurmLayout]:
 
 def apply(cfg: Any, overrides: Iterable[str], env: Mapping[str, str]) -> Dict[str, Any]:
     """Set ``cfg.dist``'s layout from SLURM where the user did not (``overrides``: the job's
-    command-line overrides); what was set, by key."""
+    command-line overrides); what was set, by key. For the jobs whose nodes SLURM gives
+    (:attr:`unitrain.jobs.kind.JobKind.nodes_from_slurm`)."""
     found = layout(env)
-    if found is None or cfg.dist.mode != "collective":
+    if found is None:
         return {}
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     values = {

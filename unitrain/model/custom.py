@@ -20,10 +20,7 @@ from hydra.utils import get_method
 
 from unitrain.errors import ConfigError
 from unitrain.interface.modules import available_backends
-from unitrain.model.specs import MODELS, ViTSpec
-
-#: ``model.name`` of a user's pair.
-CUSTOM = "custom"
+from unitrain.spec.models import CUSTOM, MODELS, ViTSpec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,7 +107,7 @@ def sized(name: str, image_size: int) -> "str | ViTSpec":
 
 
 def model_ref(cfg: Any) -> "str | ViTSpec | CustomModel":
-    """What ``Backend.build_model`` takes for a job's config: a built-in model, or the pair."""
+    """What :func:`unitrain.model.build.build_model` takes for a job's config: a built-in model, or the pair."""
     if cfg.model.name == CUSTOM:
         return custom_model(cfg.model, cfg.data.image_size)
     return sized(cfg.model.name, cfg.data.image_size)

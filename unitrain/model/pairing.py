@@ -23,7 +23,7 @@ import numpy as np
 
 from unitrain.errors import UnitrainError
 from unitrain.interface.weights import weights_module
-from unitrain.model.initial_weights import generic_init
+from unitrain.spec.initial_weights import generic_init
 
 Arrays = Dict[str, np.ndarray]
 #: Kept by torch's BatchNorm, with no counterpart elsewhere (unitrain.model.weights).

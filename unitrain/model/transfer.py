@@ -9,16 +9,17 @@ from typing import Any, Dict, Mapping
 import numpy as np
 
 from unitrain.interface.models import models_module
+from unitrain.model.build import build_model
 from unitrain.model.custom import CustomModel, from_record, sized
 from unitrain.model.pairing import convert_pair, table
-from unitrain.model.specs import ViTSpec
 from unitrain.model.weights import convert
+from unitrain.spec.models import ViTSpec
 
 Arrays = Dict[str, np.ndarray]
 
 
 def checkpoint_model(meta: Mapping[str, Any]) -> "str | ViTSpec | CustomModel":
-    """What ``Backend.build_model`` takes to build a checkpoint's model again."""
+    """What :func:`unitrain.model.build.build_model` takes to build a checkpoint's model again."""
     if meta.get("custom"):
         return from_record(meta["custom"])
     return sized(meta["model"], int(meta.get("config", {}).get("data", {}).get("image_size", 32)))
@@ -59,4 +60,4 @@ def converted(arrays: Arrays, meta: Mapping[str, Any], backend: Any) -> Arrays:
     where matching needs it (a user's pair)."""
     if not meta.get("custom") or meta["framework"] == backend.name:
         return weights_for(arrays, meta, backend, None)
-    return weights_for(arrays, meta, backend, backend.build_model(checkpoint_model(meta), meta["num_classes"]))
+    return weights_for(arrays, meta, backend, build_model(backend, checkpoint_model(meta), meta["num_classes"]))

@@ -22,7 +22,7 @@ import statistics
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, Iterable, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
@@ -37,6 +37,8 @@ from unitrain.interface.ps import PsLayout, PsProgram, Role, ps_module
 from unitrain.ps import checkpoint
 from unitrain.ps.checkpoint import Resumed
 from unitrain.ps.data import JobData, job_data
+from unitrain.train import summary as summaries
+from unitrain.train.metrics import MetricsLog
 
 log = logging.getLogger("unitrain")
 
@@ -68,30 +70,29 @@ def evaluate(program: PsProgram, rows: CtrData, batch_size: int) -> Dict[str, fl
 
 @dataclass(kw_only=True)
 class _Records:
-    """What one trainer records: its steps and held-out evaluations (trainer 0 also writes them
-    to metrics.jsonl), and the time its evaluations took."""
+    """What one trainer records: its steps and held-out evaluations in a MetricsLog (trainer 0's
+    writes metrics.jsonl, as the training loop's does), and the time its evaluations took."""
 
     role: Role
-    file: Optional[IO[str]]
+    metrics: MetricsLog
     started: float = field(default_factory=time.perf_counter)
-    steps: List[Dict[str, float]] = field(default_factory=list)
-    evals: List[Dict[str, float]] = field(default_factory=list)
     eval_time: float = 0.0
 
-    def _write(self, record: Dict[str, float]) -> None:
-        if self.file:
-            self.file.write(json.dumps(record) + "\n")
-            self.file.flush()
+    @property
+    def steps(self) -> List[Dict[str, float]]:
+        return self.metrics.records
+
+    @property
+    def evals(self) -> List[Dict[str, float]]:
+        return self.metrics.evals
 
     def step(self, record: Dict[str, float]) -> None:
-        self.steps.append(record)
-        self._write(record)
+        self.metrics.append(record)
 
     def evaluate(self, program: PsProgram, rows: CtrData, batch_size: int, step: int) -> None:
         result = evaluate(program, rows, batch_size)
         self.eval_time += result["eval_s"]
         record = {"step": step, **result, "elapsed_s": time.perf_counter() - self.started}
-        self.evals.append(record)
         log.info(
             "%s held-out at step %d: AUC %.4f  log loss %.4f",
             self.role.name,
@@ -99,7 +100,7 @@ class _Records:
             record["val_auc"],
             record["val_logloss"],
         )
-        self._write(record)
+        self.metrics.append_eval(record)
 
 
 def _steps_per_epoch(cfg: Any, smallest: int) -> int:
@@ -140,7 +141,7 @@ def train(
     steps_per_epoch = _steps_per_epoch(cfg, data.smallest)
     if resumed:
         checkpoint.check_epoch(resumed, steps_per_epoch, steps_per_epoch * cfg.trainer.epochs)
-    out = _Records(role=role, file=open(run_dir / "metrics.jsonl", "w", encoding="utf-8") if first else None)
+    out = _Records(role=role, metrics=MetricsLog(run_dir / "metrics.jsonl" if first else None))
     job = _Job(
         cfg=cfg, program=program, role=role, run_dir=run_dir, data=data, steps_per_epoch=steps_per_epoch, out=out
     )
@@ -161,8 +162,7 @@ def train(
         if data.held_out is not None:
             out.evaluate(program, data.held_out, cfg.trainer.eval_batch_size, step)
     finally:
-        if out.file:
-            out.file.close()
+        out.metrics.close()
     result = _trainer_result(out, program, role, describe, data.share.rows, cfg.trainer.batch_size, train_time)
     result["resumed_from"] = {"path": str(resumed.path), "step": start} if resumed else None
     _write_result(run_dir, role, result)
@@ -378,5 +378,5 @@ def summarize(cfg, run_dir: Path, wall: float) -> Optional[Dict[str, Any]]:
         "wall_time_s": wall,
         "cpu": machine.cpu(),
     }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    summaries.write(run_dir, summary)
     return summary

@@ -13,7 +13,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from unitrain.model.specs import ResNetSpec
+from unitrain.spec.models import ResNetSpec
 
 Arrays = Dict[str, np.ndarray]
 

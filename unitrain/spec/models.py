@@ -12,6 +12,9 @@ from typing import Tuple, Union
 
 from unitrain.registry import Registry
 
+#: ``model.name`` of a user's pair (:mod:`unitrain.model.custom`).
+CUSTOM = "custom"
+
 
 @dataclass(frozen=True)
 class Stem:

@@ -17,6 +17,7 @@ import numpy as np
 
 from unitrain.data.datasets import guard
 from unitrain.interface.backend import Backend
+from unitrain.interface.data import data_module
 from unitrain.interface.evaluation import evaluation_module
 
 
@@ -56,7 +57,8 @@ class Evaluator:
     def __init__(self, backend: Backend, dataset, dist, batch_size: int, num_workers: int = 0):
         self.backend, self.dataset, self.dist = backend, dataset, dist
         self.batches = HeldOutBatches(len(dataset), batch_size, dist.world_size, dist.rank)
-        self.loader = guard(backend.make_loader(dataset, self.batches, num_workers, dist.device), dataset, backend)
+        loader = data_module(backend.name).make_loader(dataset, self.batches, num_workers, dist.device)
+        self.loader = guard(loader, dataset, backend)
         self.inference = evaluation_module(backend.name).inference
 
     def __call__(self, model, precision) -> Dict[str, float]:

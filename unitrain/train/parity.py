@@ -27,13 +27,15 @@ from unitrain.errors import ConfigError
 from unitrain.host import machine
 from unitrain.host.threads import available_cores, export_threads, resolve_threads
 from unitrain.interface.backend import Backend, get_backend
+from unitrain.interface.data import data_module
 from unitrain.interface.models import models_module
 from unitrain.interface.modules import available_backends
+from unitrain.interface.optim import optim_module
+from unitrain.model.build import build_model
 from unitrain.model.custom import CustomModel, model_ref
 from unitrain.model.pairing import convert_pair
 from unitrain.model.transfer import pair_tables
 from unitrain.model.weights import Arrays, to_canonical
-from unitrain.report.parity import plot
 
 _RUNNING_STATS = (".running_mean", ".running_var")
 Outputs = List[Tuple[str, np.ndarray]]
@@ -117,8 +119,14 @@ def _side(name: str, cfg: ParityConfig, dataset: Any, threads: int) -> Tuple[_Si
     backend.seed(cfg.trainer.seed)
     determinism = backend.set_deterministic()
     num_classes = getattr(dataset, "num_classes", cfg.data.num_classes)
-    model = backend.build_model(
-        model_ref(cfg), num_classes, "cpu", cfg.model.zero_init_residual, "shared", cfg.trainer.seed
+    model = build_model(
+        backend,
+        model_ref(cfg),
+        num_classes,
+        device="cpu",
+        zero_init_residual=cfg.model.zero_init_residual,
+        init="shared",
+        seed=cfg.trainer.seed,
     )
     seed = cfg.trainer.seed
     sampler = DistributedBatchSampler(
@@ -127,12 +135,12 @@ def _side(name: str, cfg: ParityConfig, dataset: Any, threads: int) -> Tuple[_Si
     if len(sampler) < cfg.steps:
         raise ConfigError("steps", cfg.steps, f"at most {len(sampler)} (batches in the data)")
     model.train()
-    batches = iter(backend.make_loader(dataset, sampler))
+    batches = iter(data_module(name).make_loader(dataset, sampler))
     side = _Side(
         name=name,
         backend=backend,
         model=model,
-        optimizer=backend.build_optimizer(model, cfg.optim),
+        optimizer=optim_module(name).build_optimizer(model, cfg.optim),
         batches=batches,
         outputs=[],
         canonical=lambda state: to_canonical(name, state),
@@ -219,5 +227,4 @@ def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
         "per_step": records,
     }
     (out_dir / "parity.json").write_text(json.dumps(report, indent=2) + "\n")
-    plot(records, report["frameworks"], cfg.tolerance, out_dir / "parity.png")
     return report

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from unitrain.host.atomic import replace_text
+from unitrain.train import summary as summaries
 from unitrain.train.checkpoint import read_meta
 from unitrain.train.metrics import metrics_history
 
@@ -73,5 +73,5 @@ def add_to_summary(run_dir: Path) -> Optional[Dict[str, Any]]:
         return None
     summary = json.loads(summary_path.read_text())
     summary["restarts"] = restarts or {"count": 0, "steps_repeated": 0, "events": []}
-    replace_text(summary_path, json.dumps(summary, indent=2) + "\n")
+    summaries.write(run_dir, summary)
     return summary

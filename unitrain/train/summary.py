@@ -3,6 +3,7 @@ the trace's top operators, skipped files, held-out results."""
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -10,6 +11,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 
 from unitrain.data.datasets import skipped_files
+from unitrain.host.atomic import replace_text
 from unitrain.host.memory import peak_rss_mb
 from unitrain.interface.backend import Backend, Native
 from unitrain.interface.distributed import DistributedContext
@@ -18,6 +20,11 @@ from unitrain.train.evaluation import Evaluator
 from unitrain.train.tracing import load_events, operators_markdown, top_operators
 
 log = logging.getLogger("unitrain")
+
+
+def write(run_dir: Path, summary: Dict[str, Any]) -> None:
+    """summary.json, written beside and renamed into place: a reader never sees half of it."""
+    replace_text(Path(run_dir) / "summary.json", json.dumps(summary, indent=2) + "\n")
 
 
 def peak_memory(backend: Backend, dist: DistributedContext) -> Dict[str, Any]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -22,7 +21,6 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 import numpy as np
 from omegaconf import OmegaConf
 
-from unitrain import __version__
 from unitrain.config.schedule import BatchPlan, lr_at
 from unitrain.config.schema import UnitrainConfig
 from unitrain.data.augment import AugmentedDataset, EpochKeyedBatches
@@ -33,11 +31,13 @@ from unitrain.host import machine, malloc
 from unitrain.host.memory import is_out_of_memory
 from unitrain.host.threads import export_threads, resolve_threads
 from unitrain.interface.backend import Backend, Native, get_backend
-from unitrain.interface.distributed import DistributedContext
-from unitrain.interface.optim import optim_module
-from unitrain.interface.precision import MixedPrecision
-from unitrain.interface.profiler import Tracer
+from unitrain.interface.data import data_module
+from unitrain.interface.distributed import DistributedContext, distributed_module
+from unitrain.interface.optim import OptimModule, optim_module
+from unitrain.interface.precision import MixedPrecision, precision_module
+from unitrain.interface.profiler import Tracer, profiler_module
 from unitrain.interface.speed_settings import SpeedSettings, make_speed_settings
+from unitrain.model.build import build_model
 from unitrain.model.custom import model_ref
 from unitrain.model.transfer import model_record
 from unitrain.train import summary as summaries
@@ -102,6 +102,7 @@ class Job:
     optimizer: Native
     raw_model: Native  # unwrapped: evaluate, checkpoint and inspect this one
     raw_optimizer: Native
+    optim: OptimModule  # the backend's: the lr is set through it every step
     steps_per_epoch: int
     total_steps: int
     num_classes: int
@@ -168,7 +169,7 @@ class Trainer:
         self.backend.set_threads(self.threads)
         self.backend.seed(self.cfg.trainer.seed)
         try:
-            with self.backend.distributed(self.cfg.dist, self.cfg.backend.device) as dist:
+            with distributed_module(self.backend.name).make_context(self.cfg.dist, self.cfg.backend.device) as dist:
                 summary = self._fit(dist)
                 # The model, optimizer and DDP wrapper were local to _fit; collect their reference
                 # cycles now, while the process group exists. Left to interpreter shutdown, gloo
@@ -186,7 +187,7 @@ class Trainer:
         """Build everything a run needs, once: data, sampler, model (restored from
         ``trainer.resume``), optimizer, precision, the distributed wrappers, loaders, evaluator."""
         cfg, backend = self.cfg, self.backend
-        precision = backend.precision(cfg.amp)
+        precision = precision_module(backend.name).make_precision(cfg.amp)
         plan = BatchPlan.from_config(cfg, dist.world_size)
         dataset, sampler, steps_per_epoch = self._data(dist, plan)
         total_steps = steps_per_epoch * cfg.trainer.epochs
@@ -218,7 +219,12 @@ class Trainer:
             plan=plan,
             dataset=dataset,
             sampler=sampler,
-            loader=guard(backend.make_loader(dataset, sampler, cfg.data.num_workers, dist.device), dataset, backend),
+            loader=guard(
+                data_module(backend.name).make_loader(dataset, sampler, cfg.data.num_workers, dist.device),
+                dataset,
+                backend,
+            ),
+            optim=optim_module(backend.name),
             model=speed.wrap_model(dist.wrap_model(model)),
             optimizer=dist.wrap_optimizer(optimizer),
             raw_model=model,
@@ -273,15 +279,21 @@ class Trainer:
         """The model and optimizer, prepared (QAT, speed settings) and decorated for precision."""
         cfg, backend = self.cfg, self.backend
         ref = model_ref(cfg)
-        model = backend.build_model(
-            ref, num_classes, dist.device, cfg.model.zero_init_residual, cfg.model.init, cfg.trainer.seed
+        model = build_model(
+            backend,
+            ref,
+            num_classes,
+            device=dist.device,
+            zero_init_residual=cfg.model.zero_init_residual,
+            init=cfg.model.init,
+            seed=cfg.trainer.seed,
         )
         self.model_record = model_record(backend, model, ref, num_classes)
         if self.prepare_model is not None:
             model = self.prepare_model(model)
         speed = make_speed_settings(backend.name, cfg.backend.tuned, dist.device, cfg.backend.tuned_settings)
         model = speed.prepare_model(model)
-        optimizer = backend.build_optimizer(model, cfg.optim)
+        optimizer = optim_module(backend.name).build_optimizer(model, cfg.optim)
         model, optimizer = precision.decorate(model, optimizer)
         return model, optimizer, speed
 
@@ -315,7 +327,7 @@ class Trainer:
         stepped (AMP skips steps with inf/nan gradients), and the lr used."""
         backend, precision, accumulate = self.backend, job.precision, job.plan.accumulate_steps
         lr = lr_at(step, job.total_steps, self.cfg.optim, job.plan.lr)
-        backend.set_lr(job.optimizer, lr)
+        job.optim.set_lr(job.optimizer, lr)
         sums = np.zeros(3)
         for micro in range(1, accumulate + 1):
             images, labels = next(batches)
@@ -366,7 +378,8 @@ class Trainer:
             cfg.profiler.warmup_steps, enabled=cfg.profiler.mode != "off", history=own_records(job.history)
         )
         trace = cfg.profiler.mode == "trace"
-        tracer = backend.tracer(cfg.profiler, self.run_dir / f"trace.rank{dist.rank}.json") if trace else Tracer()
+        trace_file = self.run_dir / f"trace.rank{dist.rank}.json"
+        tracer = profiler_module(backend.name).make_tracer(cfg.profiler, trace_file) if trace else Tracer()
         main = dist.is_main_process
         sinks = make_sinks(cfg.trainer.loggers, self.run_dir) if main else ()
         metrics = MetricsLog(self.run_dir / "metrics.jsonl" if main else None, sinks, history=job.history)
@@ -457,7 +470,7 @@ class Trainer:
         finite while the update that followed it was not. Every rank decides alike (they hold the
         same weights), so none waits in a collective for another that stopped."""
         arrays = self.backend.state_arrays(job.raw_model)
-        broken = nonfinite(arrays) or optim_module(self.backend.name).nonfinite_state(job.raw_optimizer)
+        broken = nonfinite(arrays) or job.optim.nonfinite_state(job.raw_optimizer)
         if broken:
             loop.watch.broken_state(loop.step, broken, still_latest(self.run_dir))
             return
@@ -545,14 +558,14 @@ class Trainer:
         )
         if dist.is_main_process:
             log.info("\n%s", loop.profiler.format_summary())
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            summaries.write(self.run_dir, summary)
         return summary
 
     def _summary(self, job: Job, loop: _Loop, wall: float) -> Dict[str, Any]:
         cfg, plan, records = self.cfg, job.plan, loop.metrics.records
         perf = loop.profiler.summary()
         return {
-            "unitrain_version": __version__,
+            "unitrain_version": machine.unitrain_version(),
             **self.backend.describe(),
             **job.dist.describe(),
             "seed": cfg.trainer.seed,

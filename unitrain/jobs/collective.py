@@ -1,0 +1,157 @@
+"""Collective jobs (``dist.mode=collective``): the image models on image data, in one process or
+data parallel through the framework's launcher, every process running the one training loop."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shlex
+from pathlib import Path
+
+from unitrain.config.schema import DATASET_NAMES, PS_DATASETS, PS_MODELS, UnitrainConfig
+from unitrain.config.validation import one_of
+from unitrain.errors import ConfigError
+from unitrain.host.memory import available_mb
+from unitrain.interface.launch import launch_module
+from unitrain.interface.validation import validation_module
+from unitrain.jobs.kind import Processes, Summary
+from unitrain.launch.supervise import (
+    Launch,
+    WorkersReported,
+    check_before_launch,
+    finished,
+    launcher_command,
+    network_env,
+    run_isolated,
+    supervise,
+    write_worker_config,
+)
+from unitrain.launch.workers import LogFollower
+from unitrain.spec.models import CUSTOM, MODELS, ViTSpec
+from unitrain.train import restarts
+from unitrain.train.trainer import train
+
+log = logging.getLogger("unitrain")
+
+
+class CollectiveJob:
+    nodes_from_slurm = True
+
+    def check(self, cfg: UnitrainConfig) -> None:
+        one_of("model.name", cfg.model.name, MODELS.names() + [CUSTOM] + list(PS_MODELS))
+        spec = MODELS.get(cfg.model.name) if cfg.model.name in MODELS else None
+        if isinstance(spec, ViTSpec) and cfg.data.image_size % spec.patch:
+            raise ConfigError(
+                "data.image_size", cfg.data.image_size, f"a multiple of {cfg.model.name}'s patch size {spec.patch}"
+            )
+        if cfg.model.name in PS_MODELS:
+            raise ConfigError(
+                "model",
+                cfg.model.name,
+                f"one of {', '.join(MODELS.names())} with dist.mode=collective ({cfg.model.name} trains with "
+                "dist.mode=ps)",
+            )
+        one_of("data.name", cfg.data.name, DATASET_NAMES + PS_DATASETS)
+        if cfg.data.name in PS_DATASETS:
+            raise ConfigError(
+                "data",
+                cfg.data.name,
+                f"one of {', '.join(DATASET_NAMES)} with dist.mode=collective ({cfg.data.name} is for dist.mode=ps)",
+            )
+        one_of("optim.name", cfg.optim.name, ("momentum",))
+
+    def check_machine(self, cfg: UnitrainConfig) -> None:
+        _check_image_folders(cfg)
+        _check_classifier(cfg)
+        if cfg.model.name == CUSTOM:
+            _check_custom(cfg)
+
+    def check_backend(self, cfg: UnitrainConfig) -> None:
+        validation_module(cfg.backend.name).check_collective(cfg)
+
+    def processes(self, cfg: UnitrainConfig) -> Processes:
+        count = cfg.dist.nproc_per_node
+        return Processes(count=count, keys="dist.nproc_per_node", key="dist.nproc_per_node", value=count)
+
+    def run(self, cfg: UnitrainConfig, run_dir: Path, fresh_process: bool) -> Summary:
+        if cfg.dist.nproc_per_node * cfg.dist.nnodes > 1:
+            return launch(cfg, run_dir)
+        if fresh_process:
+            return run_isolated(cfg, run_dir)
+        return train(cfg, run_dir)
+
+    def summary_holder(self, cfg: UnitrainConfig) -> str:
+        return "node 0"
+
+
+def launch(cfg: UnitrainConfig, run_dir: Path) -> Summary:
+    """Run ``cfg`` data-parallel; returns rank 0's summary (None on nodes other than node 0)."""
+    run_dir = Path(run_dir).resolve()
+    launcher = launch_module(cfg.backend.name).LAUNCHER
+    dist = cfg.dist
+    check_before_launch(cfg, dist.nproc_per_node, "dist.nproc_per_node")
+    config_file = write_worker_config(cfg, run_dir, dist.nproc_per_node)
+    with launcher.beside(dist, run_dir) as beside:
+        command = launcher_command(launcher, launcher.options(dist, run_dir), [], config_file, run_dir, beside)
+        log.info("launching %d worker(s) on this node: %s", dist.nproc_per_node, shlex.join(command))
+        launch = Launch(
+            launcher=launcher,
+            command=command,
+            # This node's first worker: rank 0 of the job on node 0.
+            follower=LogFollower(run_dir / "workerlog.0", f"[rank {dist.node_rank * dist.nproc_per_node}] "),
+            workers=dist.nproc_per_node,
+            env={**network_env(dist, launcher), **beside.env},
+            nodes=WorkersReported(run_dir),
+        )
+        supervise(cfg, run_dir, launch)
+    if dist.max_restarts:
+        restarts.add_to_summary(run_dir)
+    return finished(run_dir)
+
+
+def _check_image_folders(cfg: UnitrainConfig) -> None:
+    data = cfg.data
+    if data.name != "imagefolder":
+        return
+    if not os.path.isdir(data.path):
+        raise ConfigError("data.path", data.path, "an existing directory of class sub-directories")
+    if data.val_path is not None and not os.path.isdir(data.val_path):
+        raise ConfigError("data.val_path", data.val_path, "an existing directory of class sub-directories")
+
+
+def _check_classifier(cfg: UnitrainConfig) -> None:
+    """A classifier that cannot fit in this machine's memory, said before it is tried (the
+    framework's own error would blame the image size or the batch)."""
+    free = available_mb()
+    if free is None or cfg.model.name not in MODELS:
+        return
+    features, classes = MODELS.get(cfg.model.name).feature_dim, cfg.data.num_classes
+    # Weights, their gradients and momentum, and the batch's logits with their gradients.
+    per_class_mb = 4 * (3 * features + 2 * cfg.trainer.batch_size) / 2**20
+    if classes * per_class_mb > free:
+        raise ConfigError(
+            "data.num_classes",
+            classes,
+            f"at most {int(free / per_class_mb)}: its classifier alone would need "
+            f"{classes * per_class_mb / 1024:.1f} GiB, more than the {free / 1024:.1f} GiB free here",
+        )
+
+
+def _check_custom(cfg: UnitrainConfig) -> None:
+    """model=custom: the backend's factory names a module that exists (found, not imported: it
+    imports its framework), and the mapping file exists."""
+    key = f"model.{cfg.backend.name}"
+    path = getattr(cfg.model, cfg.backend.name, None)
+    allowed = f"an import path pkg.module:function that builds the {cfg.backend.name} model (model=custom)"
+    if not path:
+        raise ConfigError(key, path, allowed)
+    module = path.split(":")[0] if ":" in path else path.rpartition(".")[0]
+    try:
+        found = bool(module) and importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise ConfigError(key, path, f"{allowed}; no module {module!r} on the path")
+    if cfg.model.mapping and not os.path.isfile(cfg.model.mapping):
+        raise ConfigError("model.mapping", cfg.model.mapping, "an existing JSON file of {name: name} pairs")

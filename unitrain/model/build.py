@@ -1,0 +1,57 @@
+"""Models built by a backend: the shared specs (ResNets, ViTs) or a user's pair, optionally
+from the same NumPy initial weights on every framework (``model.init=shared``)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from unitrain.interface.backend import Backend, Native
+from unitrain.interface.models import models_module
+from unitrain.model.custom import CustomModel, sized
+from unitrain.model.pairing import shared_initial_state
+from unitrain.model.weights import from_canonical, to_canonical
+from unitrain.spec.initial_weights import shared_init
+from unitrain.spec.models import MODELS, ResNetSpec, ViTSpec
+
+
+def build_model(
+    backend: Backend,
+    model: str | ResNetSpec | ViTSpec | CustomModel,
+    num_classes: int,
+    *,
+    image_size: Optional[int] = None,
+    device: Optional[str] = None,
+    zero_init_residual: bool = True,
+    init: str = "framework",
+    seed: int = 0,
+) -> Native:
+    """``backend``'s network for a built-in model's name or spec
+    (:data:`unitrain.spec.models.MODELS`) or a user's pair, on ``device``.
+
+    ``image_size`` sizes a ViT named by its name for those images (its patch grid);
+    ``init="shared"`` loads weights drawn in NumPy from ``seed``: the same on every framework.
+    """
+    if isinstance(model, str) and image_size:
+        model = sized(model, image_size)
+    spec: Any = MODELS.get(model) if isinstance(model, str) else model
+    if isinstance(spec, ResNetSpec):
+        net = models_module(backend.name).build_resnet(spec, num_classes, zero_init_residual)
+        if init == "shared":
+            _load_shared_resnet(backend, net, spec, seed, zero_init_residual)
+    else:
+        if isinstance(spec, ViTSpec):
+            net = models_module(backend.name).build_vit(spec, num_classes)
+        else:
+            net = spec.build(backend.name, num_classes)
+        if init == "shared":
+            linear = models_module(backend.name).linear_weights(net)
+            backend.load_state_arrays(net, shared_initial_state(backend.name, backend.state_arrays(net), linear, seed))
+    # Both frameworks' layers have .to(device) returning the layer itself.
+    return net.to(device) if device else net
+
+
+def _load_shared_resnet(backend: Backend, net: Native, spec: ResNetSpec, seed: int, zero_init_residual: bool) -> None:
+    canonical = to_canonical(backend.name, backend.state_arrays(net))
+    shapes = {name: tuple(array.shape) for name, array in canonical.items()}
+    initial = shared_init(shapes, spec, seed, zero_init_residual)
+    backend.load_state_arrays(net, from_canonical(backend.name, initial))
