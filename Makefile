@@ -74,14 +74,15 @@ etcd:
 run: $(STAMP)
 	$(PY) -m unitrain -m backend=paddle,torch
 
+# PYTEST_ARGS: more of pytest's options (CI: --junitxml, for its list of the slowest tests).
 # README's test command: every test not marked slow, under 15 minutes on 2 cores. The slow ones
 # (wheel install, multi-process jobs, multi-node hosts, quantization, parameter servers, the benchmark harness) run
 # with `make test-slow`; CI (.ci/run) runs both.
 test: $(STAMP) $(PS_STAMP) fashion-mnist
-	$(PY) -m pytest -q -m "not slow" --durations=10
+	$(PY) -m pytest -q -m "not slow" --durations=10 $(PYTEST_ARGS)
 
 test-slow: $(STAMP) $(PS_STAMP) fashion-mnist netns slurm etcd
-	$(PY) -m pytest -q -m slow --durations=20
+	$(PY) -m pytest -q -m slow --durations=20 $(PYTEST_ARGS)
 
 test-all: test test-slow
 

@@ -9,6 +9,30 @@ from typing import List, Set
 
 import pytest
 
+#: A test that takes longer (its setup included: a shared run it starts first) is marked slow, so
+#: that `make test` stays short; a test not marked so fails when it takes longer. The fast tests
+#: keep well under it (these machines vary by 1.6x).
+SLOW_S = 15.0
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "setup":
+        item.stash[_SETUP_S] = report.duration
+    elif report.when == "call" and report.passed and "slow" not in item.keywords:
+        took = item.stash.get(_SETUP_S, 0.0) + report.duration
+        if took > SLOW_S:
+            report.outcome = "failed"
+            report.longrepr = (
+                f"{item.nodeid} took {took:.1f} s (setup included), over {SLOW_S:g} s: mark it @pytest.mark.slow "
+                "(`make test` leaves slow tests out, CI runs them) or make it quicker"
+            )
+
+
+_SETUP_S = pytest.StashKey[float]()
+
 # Small and quick: a tiny ResNet on small images, two threads (this machine's cores).
 FAST = ["model=tiny", "data.image_size=16", "trainer.threads=2", "trainer.progress=false"]
 BACKENDS = ["paddle", "torch"]
@@ -76,3 +100,28 @@ def alive(pids: Set[int]) -> Set[int]:
         if state != "Z":  # a zombie has ended; only its parent has not collected it yet
             left.add(pid)
     return left
+
+
+def refusal(args: List[str], tmp_path: Path, command: str = "unitrain") -> str | None:
+    """The one line ``python -m <command> <args>`` refuses its command line with, before anything
+    is written, found in this process (the command's own preflight, no subprocess); None if it
+    would start."""
+    from unitrain.config.schema import register_configs
+    from unitrain.launch.hydra import refusal as preflight_refusal
+
+    register_configs()  # as each command does when it is imported
+    if command == "unitrain":
+        from unitrain.jobs.select import validate
+
+        config_name = "config"
+    elif command == "unitrain.parity":
+        from unitrain.train.parity import validate
+
+        config_name = "parity"
+    else:
+        from unitrain.deploy.quantize import validate
+
+        config_name = "quantize"
+    dirs = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
+    problem = preflight_refusal([*args, *dirs], config_name, validate)
+    return None if problem is None else f"{command}: error: {problem}"

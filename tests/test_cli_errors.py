@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import BACKENDS, FAST
+from conftest import BACKENDS, FAST, refusal
 
 
 @pytest.mark.parametrize(
@@ -27,18 +27,9 @@ from conftest import BACKENDS, FAST
         ),
         (["optim.lr=0"], "optim.lr=0.0 is not allowed: a finite number > 0"),
         (["optim.lr=-0.1"], "optim.lr=-0.1 is not allowed: a finite number > 0"),
-        (["trainer.batch_size=64", "data.num_samples=20"], "trainer.batch_size=64 is not allowed: at most 20"),
         (["backend=paddle", "amp.impl=apex"], "amp.impl='apex' is not allowed: native with backend=paddle"),
-        (
-            ["amp=O1", "amp.custom_white_list=[gemm]"],
-            "amp.custom_white_list=['gemm'] is not allowed: op names from conv2d",
-        ),
         (["dist.node_rank=1"], "dist.node_rank=1 is not allowed: an integer in [0, 1) (dist.nnodes=1)"),
         (["dist.nnodes=2"], "dist.master_port=None is not allowed: a port number that every node uses"),
-        (
-            ["dist.nnodes=2", "dist.master_port=29561", "dist.interface=nosuch0"],
-            "dist.interface='nosuch0' is not allowed: an interface of this host with an IPv4 address: ",
-        ),
         (
             ["dist.max_restarts=1", "dist.nnodes=2", "dist.master_port=29561"],
             "dist.max_restarts=1 is not allowed: 0 with dist.nnodes > 1",
@@ -63,13 +54,43 @@ from conftest import BACKENDS, FAST
         (["trainer.steps=["], "cannot parse the overrides"),
     ],
 )
-def test_bad_input_gives_one_line(args, expected, unitrain_cli):
+def test_bad_input_gives_one_line(args, expected, tmp_path):
+    # The command's own preflight, in this process: the same line `python -m unitrain` prints and
+    # exits 2 with before anything is written (test_a_refusal_ends_the_command_in_one_line runs
+    # a few as a user would).
+    line = refusal([*FAST, "trainer.steps=2", *args], tmp_path)
+    assert line is not None and line.startswith("unitrain: error:") and expected in line, line
+    assert "\n" not in line
+    assert not (tmp_path / "run").exists() and not (tmp_path / "multirun").exists()
+
+
+@pytest.mark.parametrize(
+    "args,expected",
+    [
+        (["backend=tensorflow"], "backend='tensorflow' is not allowed: one of paddle, torch"),
+        (["-m", "backend=paddle,torch", "trainer.stepz=3"], "trainer.stepz is not a config key"),
+        (["optim.lr=nan"], "optim.lr=nan is not allowed: a finite number > 0"),
+        (["trainer.steps=["], "cannot parse the overrides"),
+        (["trainer.batch_size=64", "data.num_samples=20"], "trainer.batch_size=64 is not allowed: at most 20"),
+        (
+            ["amp=O1", "amp.custom_white_list=[gemm]"],
+            "amp.custom_white_list=['gemm'] is not allowed: op names from conv2d",
+        ),
+        (
+            ["dist.nnodes=2", "dist.master_port=29561", "dist.interface=nosuch0"],
+            "dist.interface='nosuch0' is not allowed: an interface of this host with an IPv4 address: ",
+        ),
+    ],
+)
+def test_a_refusal_ends_the_command_in_one_line(args, expected, unitrain_cli):
+    """As a user would: exit 2, one line, no run directory; the last three are refused once the
+    job has started (the data's size, the framework's op names, the node's interfaces)."""
     result = unitrain_cli(*FAST, "trainer.steps=2", *args)
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.startswith("unitrain: error:")]
     assert len(errors) == 1 and expected in errors[0], result.stderr
     assert "Traceback" not in result.stderr
-    assert not (result.run_dir / "summary.json").exists()
+    assert not result.run_dir.exists() and not (result.run_dir.parent / "multirun").exists()
 
 
 def test_empty_imagefolder(unitrain_cli, tmp_path):

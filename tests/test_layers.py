@@ -167,6 +167,46 @@ def test_no_import_circle_in_the_core():
     assert circles == []
 
 
+#: What Backend hands on to a capability module, for a loop of one's own: the core calls the module.
+CONVENIENCES = ("distributed", "precision", "build_optimizer", "set_lr", "make_loader", "tracer")
+
+
+def test_the_core_reaches_a_backend_module_through_its_loader_only():
+    call = re.compile(rf"\bbackend\.({'|'.join(CONVENIENCES)})\(")
+    found = [
+        f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+        for p in CORE.rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if call.search(line) and not line.lstrip().startswith("#")
+    ]
+    assert found == []
+
+
+def test_the_backends_provide_only_what_backend_leaves_abstract():
+    from unitrain.interface.backend import Backend, get_backend
+
+    for name in available_backends():
+        own = {n for n, v in vars(type(get_backend(name))).items() if callable(v) and not n.startswith("__")}
+        assert own - Backend.__abstractmethods__ <= {"describe"}, name
+
+
+def test_the_kind_of_job_is_read_in_one_place():
+    """dist.mode picks a JobKind in jobs/select.py; everything else asks the kind."""
+
+    def reads_mode(node: ast.AST) -> bool:
+        if not isinstance(node, ast.Attribute) or node.attr != "mode":
+            return False
+        owner = node.value
+        return (isinstance(owner, ast.Attribute) and owner.attr == "dist") or (
+            isinstance(owner, ast.Name) and owner.id == "dist"
+        )
+
+    found = sorted(
+        str(p.relative_to(ROOT)) for p in CORE.rglob("*.py") if any(map(reads_mode, ast.walk(ast.parse(p.read_text()))))
+    )
+    assert found == ["unitrain/jobs/select.py"]
+
+
 def layer_order() -> list:
     """docs/architecture.md's layer order, top first: each row a set of units (a sub-package
     ``name/`` or a top-level module ``name.py``)."""

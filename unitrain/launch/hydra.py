@@ -65,6 +65,20 @@ def bare_argument(args: List[str]) -> Optional[str]:
     return None
 
 
+def refusal(
+    args: List[str], config_name: str = "config", validate: Optional[Callable[[Any], None]] = None
+) -> Optional[str]:
+    """Why the command line ``args`` is refused before anything is written, in one line, or None."""
+    problem = bare_argument(args) or check_group_choices(args)
+    if problem or preflight.quick_flags(args):
+        return problem
+    try:
+        preflight.check(args, "unitrain.conf", config_name, validate)
+    except preflight.PreflightError as err:
+        return str(err)
+    return None
+
+
 def hydra_entry(
     prog: str,
     hydra_main: Callable[[], None],
@@ -73,13 +87,7 @@ def hydra_entry(
 ) -> None:
     """Reject bad overrides, values ``validate`` refuses and a run directory holding earlier
     results in one line, before anything is written; then hand the command line to Hydra."""
-    args = sys.argv[1:]
-    problem = bare_argument(args) or check_group_choices(args)
-    if not problem and not preflight.quick_flags(args):
-        try:
-            preflight.check(args, "unitrain.conf", config_name, validate)
-        except preflight.PreflightError as err:
-            problem = str(err)
+    problem = refusal(sys.argv[1:], config_name, validate)
     if problem:
         print(f"{prog}: error: {problem}", file=sys.stderr)
         sys.exit(2)

@@ -202,28 +202,20 @@ class Trainer:
             )
         if dist.is_main_process:
             clean_partial_checkpoints(self.run_dir)
-        held_out = build_heldout_dataset(cfg.data, seed=cfg.trainer.seed)
-        evaluator = (
-            Evaluator(backend, held_out, dist, cfg.trainer.eval_batch_size, cfg.data.num_workers)
-            if held_out is not None
-            else None
-        )
+        evaluator = self._evaluator(dist)
         if cfg.data.augment != "none":
             dataset, sampler = (
                 AugmentedDataset(dataset, cfg.trainer.seed, cfg.data.augment),
                 EpochKeyedBatches(sampler, len(dataset)),
             )
+        loader = data_module(backend.name).make_loader(dataset, sampler, cfg.data.num_workers, dist.device)
         return Job(
             dist=dist,
             precision=precision,
             plan=plan,
             dataset=dataset,
             sampler=sampler,
-            loader=guard(
-                data_module(backend.name).make_loader(dataset, sampler, cfg.data.num_workers, dist.device),
-                dataset,
-                backend,
-            ),
+            loader=guard(loader, dataset, backend),
             optim=optim_module(backend.name),
             model=speed.wrap_model(dist.wrap_model(model)),
             optimizer=dist.wrap_optimizer(optimizer),
@@ -237,6 +229,14 @@ class Trainer:
             evaluator=evaluator,
             speed=speed,
         )
+
+    def _evaluator(self, dist: DistributedContext) -> Optional[Evaluator]:
+        """Held-out evaluation, where the data has a held-out set."""
+        cfg = self.cfg
+        held_out = build_heldout_dataset(cfg.data, seed=cfg.trainer.seed)
+        if held_out is None:
+            return None
+        return Evaluator(self.backend, held_out, dist, cfg.trainer.eval_batch_size, cfg.data.num_workers)
 
     def _data(self, dist: DistributedContext, plan: BatchPlan) -> Tuple[SampleSet, DistributedBatchSampler, int]:
         """The training set, this rank's sampler, and the optimizer steps of an epoch."""
