@@ -112,50 +112,60 @@ def accuracy(args) -> None:
     print("\n".join(lines))
 
 
-def cost(args) -> None:
+def _cost_models(P, name: str) -> dict:
+    """The same model twice, from the same seed: unitrain's BatchNorm and Paddle's own."""
     import paddle
 
-    P = unitrain.get_backend("paddle")
-    P.set_threads(args.threads)
-    rows = []
-    sizes = (("tiny", 16, 8),) if args.quick else (("resnet18", 32, 128), ("resnet50", 64, 16))
-    for name, size, batch in sizes:
-        models = {
-            "unitrain": unitrain.build_model(P, name, 10, init="shared", seed=0),
-            "paddle's own": unitrain.build_model(P, name, 10, init="shared", seed=0),
-        }
-        for layer in models["paddle's own"].sublayers():
-            if isinstance(layer, paddle.nn.BatchNorm2D):
-                layer.__class__ = paddle.nn.BatchNorm2D  # the same layer, Paddle's own forward
-        optimizers = {k: paddle.optimizer.Momentum(0.01, parameters=m.parameters()) for k, m in models.items()}
-        rng = np.random.default_rng(0)
-        images = paddle.to_tensor(rng.standard_normal((batch, 3, size, size)).astype(np.float32))
-        labels = paddle.to_tensor(rng.integers(0, 10, batch))
-        times = {k: [] for k in models}
-        for i in range(args.steps + 2):
-            for kind in list(models) if i % 2 == 0 else list(models)[::-1]:
-                wall, cpu_s = time.perf_counter(), time.process_time()
-                loss = P.loss(models[kind](images), labels)
-                loss.backward()
-                optimizers[kind].step()
-                optimizers[kind].clear_grad()
-                float(loss)
-                if i >= 2:
-                    times[kind].append((time.perf_counter() - wall, time.process_time() - cpu_s))
-        ratios = {
-            m: [a[j] / b[j] for a, b in zip(times["unitrain"], times["paddle's own"])]
-            for j, m in enumerate(("wall", "cpu"))
-        }
-        row = {
-            "model": f"{name} {size}x{size} batch {batch}",
-            "steps": args.steps,
-            "unitrain_ms": 1e3 * float(np.median([t[0] for t in times["unitrain"]])),
-            "paddle_own_ms": 1e3 * float(np.median([t[0] for t in times["paddle's own"]])),
-            "wall_ratio": median_ci(ratios["wall"]),
-            "cpu_ratio": median_ci(ratios["cpu"]),
-        }
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+    models = {
+        "unitrain": unitrain.build_model(P, name, 10, init="shared", seed=0),
+        "paddle's own": unitrain.build_model(P, name, 10, init="shared", seed=0),
+    }
+    for layer in models["paddle's own"].sublayers():
+        if isinstance(layer, paddle.nn.BatchNorm2D):
+            layer.__class__ = paddle.nn.BatchNorm2D  # the same layer, Paddle's own forward
+    return models
+
+
+def _time_alternating(P, models: dict, optimizers: dict, images, labels, steps: int) -> dict[str, list]:
+    """(wall, CPU) seconds of each step per model; the order flips every step so neither always goes first."""
+    times = {k: [] for k in models}
+    for i in range(steps + 2):
+        for kind in list(models) if i % 2 == 0 else list(models)[::-1]:
+            wall, cpu_s = time.perf_counter(), time.process_time()
+            loss = P.loss(models[kind](images), labels)
+            loss.backward()
+            optimizers[kind].step()
+            optimizers[kind].clear_grad()
+            float(loss)
+            if i >= 2:
+                times[kind].append((time.perf_counter() - wall, time.process_time() - cpu_s))
+    return times
+
+
+def _cost_row(P, name: str, size: int, batch: int, steps: int) -> dict:
+    import paddle
+
+    models = _cost_models(P, name)
+    optimizers = {k: paddle.optimizer.Momentum(0.01, parameters=m.parameters()) for k, m in models.items()}
+    rng = np.random.default_rng(0)
+    images = paddle.to_tensor(rng.standard_normal((batch, 3, size, size)).astype(np.float32))
+    labels = paddle.to_tensor(rng.integers(0, 10, batch))
+    times = _time_alternating(P, models, optimizers, images, labels, steps)
+    ratios = {
+        m: [a[j] / b[j] for a, b in zip(times["unitrain"], times["paddle's own"])]
+        for j, m in enumerate(("wall", "cpu"))
+    }
+    return {
+        "model": f"{name} {size}x{size} batch {batch}",
+        "steps": steps,
+        "unitrain_ms": 1e3 * float(np.median([t[0] for t in times["unitrain"]])),
+        "paddle_own_ms": 1e3 * float(np.median([t[0] for t in times["paddle's own"]])),
+        "wall_ratio": median_ci(ratios["wall"]),
+        "cpu_ratio": median_ci(ratios["cpu"]),
+    }
+
+
+def _write_cost(args, rows: list[dict]) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "cost.json").write_text(
         json.dumps({"machine": cpu(), "threads": args.threads, "rows": rows}, indent=2) + "\n"
@@ -172,6 +182,18 @@ def cost(args) -> None:
         )
     (args.out / "cost.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def cost(args) -> None:
+    P = unitrain.get_backend("paddle")
+    P.set_threads(args.threads)
+    rows = []
+    sizes = (("tiny", 16, 8),) if args.quick else (("resnet18", 32, 128), ("resnet50", 64, 16))
+    for name, size, batch in sizes:
+        row = _cost_row(P, name, size, batch, args.steps)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    _write_cost(args, rows)
 
 
 def main() -> None:

@@ -21,69 +21,85 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def main() -> int:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run-dir", help="a run directory with a checkpoint (default: train ResNet50 for 2 steps)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-samples", type=int, default=256)
     parser.add_argument("--out", default=str(HERE / "results" / "inference"))
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def _train(run_dir: Path, threads: int) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "unitrain",
+            "backend=torch",
+            "model=resnet50",
+            "data=learnable",
+            "data.image_size=64",
+            "data.val_samples=512",
+            "trainer.batch_size=16",
+            "trainer.steps=2",
+            "trainer.checkpoint_every=2",
+            f"trainer.threads={threads}",
+            "trainer.progress=false",
+            f"hydra.run.dir={run_dir}",
+        ],
+        check=True,
+    )
+
+
+def _export(run_dir: Path, export: Path) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "unitrain.export",
+            str(run_dir),
+            "--format",
+            "native,onnx",
+            "--to",
+            "torch,paddle",
+            "--out",
+            str(export),
+        ],
+        check=True,
+    )
+
+
+def _infer(export: Path, result: Path, threads: int, eval_samples: int) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "unitrain.infer",
+            str(export),
+            "--batch",
+            "1,32",
+            "--threads",
+            str(threads),
+            "--eval-samples",
+            str(eval_samples),
+            "--out",
+            str(result),
+        ],
+        check=True,
+    )
+
+
+def main() -> int:
+    args = _parse_args()
     with tempfile.TemporaryDirectory(prefix="unitrain-bench-infer-") as tmp:
         run_dir = Path(args.run_dir) if args.run_dir else Path(tmp) / "run"
         if not args.run_dir:
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "unitrain",
-                    "backend=torch",
-                    "model=resnet50",
-                    "data=learnable",
-                    "data.image_size=64",
-                    "data.val_samples=512",
-                    "trainer.batch_size=16",
-                    "trainer.steps=2",
-                    "trainer.checkpoint_every=2",
-                    f"trainer.threads={args.threads}",
-                    "trainer.progress=false",
-                    f"hydra.run.dir={run_dir}",
-                ],
-                check=True,
-            )
+            _train(run_dir, args.threads)
         export = Path(tmp) / "export"
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "unitrain.export",
-                str(run_dir),
-                "--format",
-                "native,onnx",
-                "--to",
-                "torch,paddle",
-                "--out",
-                str(export),
-            ],
-            check=True,
-        )
+        _export(run_dir, export)
         result = Path(tmp) / "inference"
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "unitrain.infer",
-                str(export),
-                "--batch",
-                "1,32",
-                "--threads",
-                str(args.threads),
-                "--eval-samples",
-                str(args.eval_samples),
-                "--out",
-                str(result),
-            ],
-            check=True,
-        )
+        _infer(export, result, args.threads, args.eval_samples)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         for name in ("inference.json", "inference.md", "inference.png"):

@@ -49,7 +49,7 @@ def measure(args, bench: Bench, size, steps) -> None:
         )
 
 
-def main() -> None:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--quick", action="store_true", help="ResNet18 at 16x16, few steps: checks the script, measures little"
@@ -58,9 +58,11 @@ def main() -> None:
     parser.add_argument("--backend", default="torch", choices=("paddle", "torch"))
     parser.add_argument("--model", default="resnet50", choices=[s.model for s in OVERHEAD_SIZES[False]])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "malloc")
-    args = parser.parse_args()
-    (size,) = OVERHEAD_SIZES[True] if args.quick else [s for s in OVERHEAD_SIZES[False] if s.model == args.model]
-    steps = {name: [] for name in RUNS}
+    return parser.parse_args()
+
+
+def _measure_or_exit(args, size, steps) -> None:
+    """Runs the pairs; a stop writes nothing, since an unequal number of runs per variant would bias the ratios."""
     stop_on_termination()
     try:
         with (
@@ -76,11 +78,13 @@ def main() -> None:
         )
         sys.exit(128 + signum)
 
+
+def _result(args, size, steps) -> dict:
     rows = []
     for num, den in RATIOS:
         ratio, low, high = median_ci([a / b for a, b in zip(steps[num], steps[den])])
         rows.append({"ratio": f"{num} / {den}", "median": ratio, "ci": [low, high]})
-    result = {
+    return {
         "machine": machine(),
         "backend": args.backend,
         "model": size.model,
@@ -90,8 +94,9 @@ def main() -> None:
         "step_s": steps,
         "ratios": rows,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "results.json").write_text(json.dumps(result, indent=1))
+
+
+def _markdown(args, size, result: dict) -> list[str]:
     lines = [
         f"# glibc malloc thresholds: {args.backend} {size.model} {size.image}x{size.image}, batch 16, 1 x 2 threads, "
         f"{args.pairs} interleaved pairs",
@@ -105,7 +110,19 @@ def main() -> None:
     ]
     lines += [f"| {n} | {v:.1f} |" for n, v in result["step_ms"].items()]
     lines += ["", "| ratio | median | 95% CI |", "|---|---|---|"]
-    lines += [f"| {r['ratio']} | {r['median']:.3f} | [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] |" for r in rows]
+    lines += [f"| {r['ratio']} | {r['median']:.3f} | [{r['ci'][0]:.3f}, {r['ci'][1]:.3f}] |" for r in result["ratios"]]
+    return lines
+
+
+def main() -> None:
+    args = _parse_args()
+    (size,) = OVERHEAD_SIZES[True] if args.quick else [s for s in OVERHEAD_SIZES[False] if s.model == args.model]
+    steps = {name: [] for name in RUNS}
+    _measure_or_exit(args, size, steps)
+    result = _result(args, size, steps)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.json").write_text(json.dumps(result, indent=1))
+    lines = _markdown(args, size, result)
     (args.out / "results.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

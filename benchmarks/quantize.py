@@ -24,7 +24,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def main() -> int:
+def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--run-dir", help="a run directory with a checkpoint (default: train ResNet18 on Fashion-MNIST)"
@@ -36,45 +36,57 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-samples", type=int, default=0, help="held-out samples per row (0: all 10,000)")
     parser.add_argument("--out", default=str(HERE / "results" / "quantize"))
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def _train(args, run_dir: Path) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "unitrain",
+            "backend=torch",
+            "experiment=fashion_mnist_resnet18",
+            "model=resnet18",
+            "data.image_size=32",
+            "data.augment=standard",
+            f"trainer.epochs={args.epochs}",
+            "trainer.eval_every=0",
+            "trainer.checkpoint_every=468",
+            f"trainer.threads={args.threads}",
+            f"hydra.run.dir={run_dir}",
+        ],
+        check=True,
+    )
+
+
+def _quantize(args, run_dir: Path, sweep: Path) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "unitrain.quantize",
+            "-m",
+            str(run_dir),
+            f"method={args.methods}",
+            f"backend={args.backends}",
+            f"qat.steps={args.qat_steps}",
+            f"threads={args.threads}",
+            f"eval_samples={args.eval_samples}",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        check=True,
+    )
+
+
+def main() -> int:
+    args = _parse_args()
     with tempfile.TemporaryDirectory(prefix="unitrain-bench-quantize-") as tmp:
         run_dir = Path(args.run_dir) if args.run_dir else Path(tmp) / "run"
         if not args.run_dir:
-            subprocess.run(
-                [
-                    sys.executable,
-                    "-m",
-                    "unitrain",
-                    "backend=torch",
-                    "experiment=fashion_mnist_resnet18",
-                    "model=resnet18",
-                    "data.image_size=32",
-                    "data.augment=standard",
-                    f"trainer.epochs={args.epochs}",
-                    "trainer.eval_every=0",
-                    "trainer.checkpoint_every=468",
-                    f"trainer.threads={args.threads}",
-                    f"hydra.run.dir={run_dir}",
-                ],
-                check=True,
-            )
+            _train(args, run_dir)
         sweep = Path(tmp) / "quantize"
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "unitrain.quantize",
-                "-m",
-                str(run_dir),
-                f"method={args.methods}",
-                f"backend={args.backends}",
-                f"qat.steps={args.qat_steps}",
-                f"threads={args.threads}",
-                f"eval_samples={args.eval_samples}",
-                f"hydra.sweep.dir={sweep}",
-            ],
-            check=True,
-        )
+        _quantize(args, run_dir, sweep)
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         shutil.copy(sweep / "quantize.md", out / "quantize.md")

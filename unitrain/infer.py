@@ -37,21 +37,8 @@ def _ints(value: str, key: str) -> List[int]:
     return items
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog="python -m unitrain.infer",
-        description="Time exported models in every runtime that reads them, side by side.",
-    )
-    parser.add_argument(
-        "inputs", nargs="+", help="export directories, run directories (their export/), or exported model files"
-    )
-    parser.add_argument(
-        "--batch",
-        help=(
-            "batch sizes, comma-separated: latency at the smallest, throughput at the largest (default 1,32; with "
-            "--criteo, the rows scored at a time, default 4096)"
-        ),
-    )
+def _add_timing_arguments(parser: argparse.ArgumentParser) -> None:
+    """How every runtime is timed; _timing checks the values, since argparse only checks their types."""
     cores = len(os.sched_getaffinity(0))
     parser.add_argument(
         "--threads", type=int, default=cores, help="threads for every runtime (default: the CPUs this process may use)"
@@ -75,6 +62,24 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--min-time", type=float, default=2.0, help="and at least this many seconds of timed runs (default 2)"
     )
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="python -m unitrain.infer",
+        description="Time exported models in every runtime that reads them, side by side.",
+    )
+    parser.add_argument(
+        "inputs", nargs="+", help="export directories, run directories (their export/), or exported model files"
+    )
+    parser.add_argument(
+        "--batch",
+        help=(
+            "batch sizes, comma-separated: latency at the smallest, throughput at the largest (default 1,32; with "
+            "--criteo, the rows scored at a time, default 4096)"
+        ),
+    )
+    _add_timing_arguments(parser)
     parser.add_argument(
         "--criteo",
         help=(

@@ -298,13 +298,21 @@ class PaddlePs(PsProgram):
         """The wide&deep program; ``server_lookup``: an inference program whose embeddings are
         read from the servers' tables (geo's evaluation), built with plain lookups that
         _ServerView turns into the servers' ones."""
-        static, dim = paddle.static, cfg.model.embedding_dim
+        static = paddle.static
         dense = static.data("dense", [-1, DENSE_FEATURES], "float32")
         # The batch's 26 ids per row, row after row; a sequence (lod_level 1) where Fleet's dataset
         # reader fills it, which gives each row's 26 ids as one slot.
         engine_fed = cfg.dist.ps.feed == "engine" and not server_lookup
         ids = static.data("ids", [-1, 1], "int64", lod_level=1 if engine_fed else 0)
         label = static.data("label", [-1, 1], "float32")
+        deep, wide = self._embeddings(cfg, ids, server_lookup)
+        logit = self._towers(cfg, dense, deep, wide)
+        loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(logit, label))
+        return loss, paddle.nn.functional.sigmoid(logit)
+
+    def _embeddings(self, cfg, ids, server_lookup: bool):
+        """The deep part's embeddings of a row's ids, side by side, and the wide part's sum of them."""
+        static, dim = paddle.static, cfg.model.embedding_dim
 
         def table(name: str, width: int):
             attr = paddle.ParamAttr(name=name, initializer=paddle.nn.initializer.Uniform(-EMBED_INIT, EMBED_INIT))
@@ -318,6 +326,11 @@ class PaddlePs(PsProgram):
 
         deep = paddle.reshape(table("deep_table", dim), [-1, SPARSE_SLOTS * dim])
         wide = paddle.sum(paddle.reshape(table("wide_table", 1), [-1, SPARSE_SLOTS]), axis=1, keepdim=True)
+        return deep, wide
+
+    def _towers(self, cfg, dense, deep, wide):
+        """The logit: the deep tower over dense features and embeddings, plus the wide part."""
+        static = paddle.static
         *layers, wide_dense = tower_init(cfg)
         self.initial = {}  # parameter name -> its shared NumPy value, set after the startup program
 
@@ -337,15 +350,13 @@ class PaddlePs(PsProgram):
                 bias_attr=attr(f"deep_{i}.b", bias),
                 activation=None if last else "relu",
             )
-        logit = (
+        return (
             x
             + static.nn.fc(
                 dense, 1, weight_attr=attr("wide_dense.w", wide_dense[0]), bias_attr=attr("wide_dense.b", wide_dense[1])
             )
             + wide
         )
-        loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(logit, label))
-        return loss, paddle.nn.functional.sigmoid(logit)
 
     @staticmethod
     def _feed(batch: CtrData, with_label: bool = True) -> Dict[str, np.ndarray]:

@@ -188,6 +188,59 @@ def _export_dir(out: Optional[str], checkpoint: Path, origin: Dict[str, Any]) ->
     return out_dir
 
 
+def _export_ps(
+    path: Path,
+    meta: Dict[str, Any],
+    formats: List[str],
+    targets: Optional[List[str]],
+    batches: List[Optional[int]],
+    out: Optional[str],
+    tolerance: float,
+) -> Path:
+    if batches != [None]:
+        raise UnitrainError("--batch is not allowed for a parameter-server model: its exports take any batch size")
+    origin = {"checkpoint": str(path.resolve())}
+    return ps_export.export_ps(path, meta, formats, targets, _export_dir(out, path, origin), tolerance)
+
+
+def _source(path: Path, meta: Dict[str, Any], cfg: Any, data: Any) -> Source:
+    return Source(
+        framework=meta["framework"],
+        model=checkpoint_model(meta),
+        classes=artifacts.num_classes(cfg, data),
+        arrays=read_model_arrays(path),
+        meta=meta,
+    )
+
+
+def _manifest(out_dir: Path, origin: Dict[str, Any], meta: Dict[str, Any], data_description: str) -> Dict[str, Any]:
+    """The directory's manifest so far: exports into it add to what it already lists."""
+    if (out_dir / artifacts.MANIFEST).exists():
+        return artifacts.read_manifest(out_dir)
+    return {"source": origin, "config": meta["config"], "check_data": data_description, "artifacts": {}}
+
+
+def _record(out_dir: Path, manifest: Dict[str, Any], entry: Dict[str, Any], target: Target, fmt: str) -> None:
+    # Written after every artifact, so that an export stopped halfway still lists what it kept.
+    entry["versions"] = {target.framework: target.backend.version(), **_writer_versions(fmt)}
+    manifest["artifacts"][entry["files"][0]] = entry
+    manifest["cpu"] = cpu()
+    artifacts.write_manifest(out_dir, manifest)
+
+
+def _announce(
+    meta: Dict[str, Any], out_dir: Path, entry: Dict[str, Any], batch: Optional[int], data_description: str
+) -> None:
+    where = data_description.split(" (")[0]
+    print(
+        f"{meta['framework']} {meta['model']} step {meta['step']} -> {out_dir / entry['files'][0]} "
+        f"({entry['writer']}, {'any batch' if batch is None else f'batch {batch}'}): checked with "
+        f"{entry['checked_with']} on {where}: max |logit diff| {entry['max_abs_diff']:.2g}, "
+        f"top-1 agreement {entry['top1_agreement']:.0%}",
+        flush=True,
+    )
+
+
 def export(
     spec: str,
     formats: List[str],
@@ -199,20 +252,11 @@ def export(
     path = find_checkpoint(spec, [Path.cwd() / "runs", Path.cwd() / "multirun"], key="checkpoint")
     meta = read_meta(path)
     if meta.get("kind") == ps_export.KIND:
-        if batches != [None]:
-            raise UnitrainError("--batch is not allowed for a parameter-server model: its exports take any batch size")
-        origin = {"checkpoint": str(path.resolve())}
-        return ps_export.export_ps(path, meta, formats, targets, _export_dir(out, path, origin), tolerance)
+        return _export_ps(path, meta, formats, targets, batches, out, tolerance)
     cfg = artifacts.job_config(meta["config"])
     data, data_description = artifacts.held_out(cfg, CHECK_SAMPLES)
     images, _ = artifacts.stack(data, range(CHECK_SAMPLES))
-    source = Source(
-        framework=meta["framework"],
-        model=checkpoint_model(meta),
-        classes=artifacts.num_classes(cfg, data),
-        arrays=read_model_arrays(path),
-        meta=meta,
-    )
+    source = _source(path, meta, cfg, data)
     origin = {
         "checkpoint": str(path.resolve()),
         "framework": meta["framework"],
@@ -220,27 +264,14 @@ def export(
         "step": meta["step"],
     }
     out_dir = _export_dir(out, path, origin)
-    if (out_dir / artifacts.MANIFEST).exists():
-        manifest = artifacts.read_manifest(out_dir)
-    else:
-        manifest = {"source": origin, "config": meta["config"], "check_data": data_description, "artifacts": {}}
+    manifest = _manifest(out_dir, origin, meta, data_description)
     for framework in targets or [meta["framework"]]:
         target = Target.of(framework)
         for fmt in formats:
             for batch in batches:
                 entry = export_one(source, target, fmt, batch, images, out_dir, tolerance)
-                entry["versions"] = {framework: target.backend.version(), **_writer_versions(fmt)}
-                manifest["artifacts"][entry["files"][0]] = entry
-                manifest["cpu"] = cpu()
-                artifacts.write_manifest(out_dir, manifest)
-                where = data_description.split(" (")[0]
-                print(
-                    f"{meta['framework']} {meta['model']} step {meta['step']} -> {out_dir / entry['files'][0]} "
-                    f"({entry['writer']}, {'any batch' if batch is None else f'batch {batch}'}): checked with "
-                    f"{entry['checked_with']} on {where}: max |logit diff| {entry['max_abs_diff']:.2g}, "
-                    f"top-1 agreement {entry['top1_agreement']:.0%}",
-                    flush=True,
-                )
+                _record(out_dir, manifest, entry, target, fmt)
+                _announce(meta, out_dir, entry, batch, data_description)
     return out_dir
 
 

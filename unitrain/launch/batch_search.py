@@ -54,6 +54,16 @@ class Trial:
     seconds: float
 
 
+@dataclass(kw_only=True)
+class _Watched:
+    """How a trial's process ended, and the most memory its tree held while it was watched."""
+
+    returncode: int
+    stderr: str
+    peak: float
+    over: bool
+
+
 def parse_megabytes(text: str) -> float:
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     if not match or match.group(2).lower() not in _UNITS or float(match.group(1)) <= 0:
@@ -95,7 +105,14 @@ class Search:
 
     def trial(self, batch: int) -> Trial:
         run_dir = self.work / f"batch{batch}"
-        cmd = [
+        started = time.perf_counter()
+        watched = self._watch(self._command(batch, run_dir))
+        result = self._judge(batch, run_dir, watched, time.perf_counter() - started)
+        self.trials.append(result)
+        return result
+
+    def _command(self, batch: int, run_dir: Path) -> List[str]:
+        return [
             self.python,
             "-m",
             "unitrain",
@@ -106,7 +123,10 @@ class Search:
             "trainer.eval_every=0",
             f"hydra.run.dir={run_dir}",
         ]
-        started, peak, over = time.perf_counter(), 0.0, False
+
+    def _watch(self, cmd: List[str]) -> _Watched:
+        """Runs the trial to its end, or kills it the moment its memory goes over the limit."""
+        peak, over = 0.0, False
         with tempfile.TemporaryFile("w+") as err:
             # A session of its own: the whole tree (launcher and workers) ends together.
             proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, text=True, start_new_session=True)
@@ -125,26 +145,25 @@ class Search:
                 proc.wait()
                 raise
             err.seek(0)
-            stderr = err.read()
-        seconds = time.perf_counter() - started
-        if over:
-            result = Trial(batch, False, "over the memory limit", round(peak, 1), seconds)
-        elif proc.returncode == 0:
+            return _Watched(returncode=proc.returncode, stderr=err.read(), peak=peak, over=over)
+
+    def _judge(self, batch: int, run_dir: Path, watched: _Watched, seconds: float) -> Trial:
+        peak = watched.peak
+        if watched.over:
+            return Trial(batch, False, "over the memory limit", round(peak, 1), seconds)
+        if watched.returncode == 0:
             summary = json.loads((run_dir / "summary.json").read_text())
             memory = summary.get("memory") or {}
             device = memory.get("peak_device_mb")
             recorded = max(device) if device else sum(memory.get("peak_host_rss_mb") or [0])
             fits = self.limit_mb is None or device is not None or recorded <= self.limit_mb
-            result = Trial(
+            return Trial(
                 batch, fits, "fits" if fits else "over the memory limit", round(max(recorded, peak), 1), seconds
             )
-        elif OOM_PATTERNS.search(stderr):
-            result = Trial(batch, False, "out of memory (framework)", round(peak, 1) if peak else None, seconds)
-        else:
-            last = (stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-            raise UsageError(f"the trial at batch {batch} failed for another reason than memory: {last}")
-        self.trials.append(result)
-        return result
+        if OOM_PATTERNS.search(watched.stderr):
+            return Trial(batch, False, "out of memory (framework)", round(peak, 1) if peak else None, seconds)
+        last = (watched.stderr.strip().splitlines() or [f"exit status {watched.returncode}"])[-1]
+        raise UsageError(f"the trial at batch {batch} failed for another reason than memory: {last}")
 
     def run(self, start: int, maximum: int, report=print, resolution: int = 1) -> int:
         """The largest batch in [1, maximum] that fits, to within ``resolution`` (the next batch
