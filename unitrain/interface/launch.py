@@ -20,7 +20,6 @@ from unitrain.host.network import NodeNetwork
 from unitrain.interface import modules
 from unitrain.interface.ps import PsLayout, Role
 
-
 #: What gloo, the collective library both frameworks' CPU builds use, writes when a peer goes away
 #: (any pair error, timeouts included, is about the peer): for the backends' peer_loss_markers.
 GLOO_PEER_LOSS = (
