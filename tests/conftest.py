@@ -39,8 +39,9 @@ BACKENDS = ["paddle", "torch"]
 
 
 class CliResult:
-    def __init__(self, proc: subprocess.CompletedProcess, run_dir: Path):
+    def __init__(self, proc: subprocess.CompletedProcess, run_dir: Path, args: List[str] = ()):
         self.returncode, self.stdout, self.stderr, self.run_dir = proc.returncode, proc.stdout, proc.stderr, run_dir
+        self.args = list(args)  # the overrides it ran with
 
     def summary(self) -> dict:
         return json.loads((self.run_dir / "summary.json").read_text())
@@ -67,7 +68,32 @@ def run_unitrain(
         text=True,
         timeout=timeout,
     )
-    return CliResult(proc, run_dir)
+    return CliResult(proc, run_dir, args)
+
+
+#: Data parallel compared with one process: the same samples per step, BatchNorm frozen (batch
+#: statistics over 8 samples differ from those over 16 by design), the global batch and lr kept,
+#: the final weights saved, one thread a process.
+EXACT = ["model.freeze_bn=true", "optim.lr_scaling=keep_global", "trainer.save_final_weights=true", "trainer.threads=1"]
+DP_JOB = [*FAST, *EXACT, "trainer.steps=4", "trainer.batch_size=16"]
+
+
+@pytest.fixture(scope="session")
+def dp_run(tmp_path_factory):
+    """``dp_run(backend, processes)``: DP_JOB run once per session on ``processes`` processes of
+    one node, shared by the tests that compare against it (it asserts nothing itself)."""
+    from unitrain.host.ports import free_port
+
+    made = {}
+
+    def run(backend: str, processes: int) -> CliResult:
+        if (backend, processes) not in made:
+            root = tmp_path_factory.mktemp(f"dp-{backend}-{processes}")
+            extra = [f"dist.nproc_per_node={processes}", f"dist.master_port={free_port()}"] if processes > 1 else []
+            made[backend, processes] = run_unitrain([f"backend={backend}", *DP_JOB, *extra], root)
+        return made[backend, processes]
+
+    return run
 
 
 @pytest.fixture

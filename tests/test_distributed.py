@@ -21,11 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BACKENDS, FAST, run_unitrain
+from conftest import BACKENDS, DP_JOB, FAST, run_unitrain
 
 pytestmark = pytest.mark.slow
-
-EXACT = ["model.freeze_bn=true", "optim.lr_scaling=keep_global", "trainer.save_final_weights=true", "trainer.threads=1"]
 
 
 def weights(run_dir: Path, rank: int = 0) -> dict:
@@ -56,13 +54,9 @@ FRAMEWORK_NOISE = (
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_two_workers_equal_one_worker_with_the_doubled_batch(backend, tmp_path):
-    from unitrain.host.ports import free_port
-
-    common = [f"backend={backend}", *FAST, *EXACT, "trainer.steps=4", "trainer.batch_size=16"]
-    one = run_unitrain(common, tmp_path / "one")
-    port = free_port()
-    two = run_unitrain([*common, "dist.nproc_per_node=2", f"dist.master_port={port}"], tmp_path / "two")
+def test_two_workers_equal_one_worker_with_the_doubled_batch(backend, dp_run):
+    one, two = dp_run(backend, 1), dp_run(backend, 2)
+    port = next(a for a in two.args if a.startswith("dist.master_port=")).split("=")[1]
     assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr[-3000:]
 
@@ -94,22 +88,22 @@ def test_two_workers_equal_one_worker_with_the_doubled_batch(backend, tmp_path):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_accumulation_equals_one_step_on_the_doubled_batch(backend, tmp_path):
-    common = [f"backend={backend}", *FAST, *EXACT, "trainer.steps=3", "trainer.batch_size=16"]
-    whole = run_unitrain(common, tmp_path / "whole")
-    accumulated = run_unitrain([*common, "trainer.accumulate_steps=2"], tmp_path / "acc")
+def test_accumulation_equals_one_step_on_the_doubled_batch(backend, tmp_path, dp_run):
+    whole = dp_run(backend, 1)
+    accumulated = run_unitrain([f"backend={backend}", *DP_JOB, "trainer.accumulate_steps=2"], tmp_path / "acc")
     assert whole.returncode == 0 and accumulated.returncode == 0, whole.stderr + accumulated.stderr
     assert accumulated.summary()["batch_size"] == 8 and accumulated.summary()["accumulate_steps"] == 2
     assert_close(weights(accumulated.run_dir), weights(whole.run_dir))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_accumulation_in_data_parallel_skips_nothing(backend, tmp_path):
+def test_accumulation_in_data_parallel_skips_nothing(backend, tmp_path, dp_run):
     # 2 workers x 2 micro-steps of 4 == 1 worker with 16; no_sync on the first micro-step must
     # not lose its gradient.
-    common = [f"backend={backend}", *FAST, *EXACT, "trainer.steps=3", "trainer.batch_size=16"]
-    whole = run_unitrain(common, tmp_path / "whole")
-    both = run_unitrain([*common, "trainer.accumulate_steps=2", "dist.nproc_per_node=2"], tmp_path / "both")
+    whole = dp_run(backend, 1)
+    both = run_unitrain(
+        [f"backend={backend}", *DP_JOB, "trainer.accumulate_steps=2", "dist.nproc_per_node=2"], tmp_path / "both"
+    )
     assert whole.returncode == 0 and both.returncode == 0, both.stderr[-3000:]
     assert_close(weights(both.run_dir), weights(whole.run_dir))
 
@@ -256,43 +250,6 @@ def test_multirun_over_both_backends_in_data_parallel(tmp_path):
         if line.startswith(("| paddle", "| torch"))
     ]
     assert [(r["backend"], r["world"]) for r in rows] == [("paddle", "2"), ("torch", "2")]
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_two_nodes_on_loopback(backend, tmp_path):
-    # docs/data-parallel.md's two-machine command, with both "machines" on this one: each main process
-    # starts its node's launcher, and the nodes meet at dist.master_addr:dist.master_port.
-    from unitrain.host.ports import free_port
-
-    common = [
-        sys.executable,
-        "-m",
-        "unitrain",
-        f"backend={backend}",
-        *FAST,
-        "trainer.steps=3",
-        "trainer.threads=1",
-        "dist.nnodes=2",
-        "dist.nproc_per_node=1",
-        "dist.master_addr=127.0.0.1",
-        f"dist.master_port={free_port()}",
-    ]
-    nodes = [
-        subprocess.Popen(
-            [*common, f"dist.node_rank={n}", f"hydra.run.dir={tmp_path / f'node{n}'}"],
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for n in (0, 1)
-    ]
-    outputs = [node.communicate(timeout=180) for node in nodes]
-    assert [node.returncode for node in nodes] == [0, 0], outputs
-    summary = json.loads((tmp_path / "node0" / "summary.json").read_text())
-    assert summary["world_size"] == 2 and summary["ranks_in_sync"] is True
-    assert "node 1 finished" in outputs[1][0] and "[rank 1] " in outputs[1][0]
-    assert json.loads((tmp_path / "node1" / ".workers" / "rank1.json").read_text())["status"] == "done"
 
 
 @pytest.mark.parametrize(

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_distributed import EXACT, weights
+from test_distributed import weights
 
-from conftest import BACKENDS, FAST, run_unitrain
+from conftest import BACKENDS, EXACT, FAST, run_unitrain
 from unitrain.backends.paddle import blas
 
 # Paddle's MKL AVX2 kernels apply on a CPU that is not Intel's and has AVX2 and FMA (this
