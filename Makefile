@@ -74,15 +74,21 @@ etcd:
 run: $(STAMP)
 	$(PY) -m unitrain -m backend=paddle,torch
 
-# PYTEST_ARGS: more of pytest's options (CI: --junitxml, for its list of the slowest tests).
+# JUNIT_DIR: where each pytest run writes a JUnit report (CI: for its list of the slowest tests).
+junit = $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/$(1).xml)
+
 # README's test command: every test not marked slow, under 15 minutes on 2 cores. The slow ones
 # (wheel install, multi-process jobs, multi-node hosts, quantization, parameter servers, the benchmark harness) run
 # with `make test-slow`; CI (.ci/run) runs both.
 test: $(STAMP) $(PS_STAMP) fashion-mnist
-	$(PY) -m pytest -q -m "not slow" --durations=10 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" --durations=10 $(call junit,fast)
 
+# Two at a time (pytest-xdist, a test file to a worker): most of their time is processes
+# starting, waiting for each other and ending; those that time how soon something ends or watch
+# every process of the machine (marked serial) run alone after them.
 test-slow: $(STAMP) $(PS_STAMP) fashion-mnist netns slurm etcd
-	$(PY) -m pytest -q -m slow --durations=20 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "slow and not serial" -n 2 --dist loadfile --durations=20 $(call junit,slow)
+	$(PY) -m pytest -q -m "slow and serial" --durations=10 $(call junit,serial)
 
 test-all: test test-slow
 

@@ -67,6 +67,7 @@ def cluster(tmp_path):
     assert [pid for pid in pids if Path(f"/proc/{pid}").exists()] == []
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_a_sweep_runs_each_job_as_a_slurm_job_and_still_writes_the_table(cluster, tmp_path):
     launcher = ["hydra/launcher=submitit_slurm", "hydra.launcher.partition=debug", "hydra.launcher.timeout_min=10"]

@@ -151,6 +151,7 @@ def test_parity_of_the_pair_within_tolerance(tmp_path):
     assert report["first_batch_activations"]["layers_compared"] == 7  # paired in execution order
 
 
+@pytest.mark.slow
 def test_the_other_frameworks_checkpoint_converts_exports_and_resumes(trained, tmp_path):
     paddle_run = trained["paddle"].run_dir
     root = paddle_run.parent
@@ -171,6 +172,7 @@ def test_the_other_frameworks_checkpoint_converts_exports_and_resumes(trained, t
     assert resumed.metrics()[-1]["step"] == 8
 
 
+@pytest.mark.slow
 def test_quantize_the_pair_in_the_other_framework(trained):
     torch_run = trained["torch"].run_dir
     done = command(

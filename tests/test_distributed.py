@@ -191,6 +191,7 @@ def _end(main: subprocess.Popen, statuses: dict) -> None:
         main.communicate()
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("victim", [1, 0])
 def test_killing_a_worker_ends_the_job_and_leaves_nothing(backend, victim, tmp_path):
@@ -214,6 +215,7 @@ def test_killing_a_worker_ends_the_job_and_leaves_nothing(backend, victim, tmp_p
     assert _processes_mentioning(str(run_dir)) == []
 
 
+@pytest.mark.serial
 def test_a_rank_stuck_when_another_dies_is_not_blamed(tmp_path):
     # Rank 0 cannot act on anything (as when blocked in a collective); rank 1 is killed. Both
     # end without a word, rank 0 only when the launcher gives up on it and kills it: the one

@@ -90,6 +90,7 @@ def artifact_logits(name: str, directory: Path, images: np.ndarray) -> np.ndarra
     return predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
 
 
+@pytest.mark.slow
 def test_one_checkpoint_gives_four_artifacts_that_compute_what_it_computes(exported):
     backend, run_dir, directory = exported
     manifest = json.loads((directory / "export.json").read_text())
@@ -139,6 +140,7 @@ def test_fixed_batch_export_and_refusals_keep_what_exists(exported, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == sorted(["export.json", name])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, says",
     [

@@ -96,6 +96,7 @@ def test_a_node_that_starts_late_is_waited_for(backend, hosts, tmp_path):
     assert [first.returncode, second.returncode] == [0, 0], outputs
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_node_that_dies_mid_run_ends_the_other_in_seconds(backend, hosts, tmp_path):
     extra = ["trainer.steps=5000", "dist.timeout_s=60"]
@@ -203,6 +204,7 @@ def test_parameter_servers_over_two_hosts_give_the_one_host_auc(backend, layout,
         assert netns_hosts._pids(host.namespace) == []
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize(
     "backend,node",
     [("torch", 0), ("paddle", 0), ("paddle", 1)],
@@ -222,6 +224,7 @@ def test_a_parameter_server_node_whose_other_node_never_comes_is_one_line(backen
     assert netns_hosts._pids(hosts[node].namespace) == []
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("killed", ["servers", "trainers"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_parameter_server_host_that_dies_mid_run_ends_the_other_node(backend, killed, hosts, tmp_path):

@@ -240,6 +240,7 @@ def _processes_of(run_dir: Path):
     return found
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_torch_job_ends_promptly_naming_a_killed_server(tmp_path):
     # Small batches over more rows: the job is still training when the server dies.
@@ -281,6 +282,7 @@ def test_paddle_job_trains_on_fleet_parameter_servers(mode, tmp_path):
             assert observed["pulls_sparse"] and observed["traffic"]["pull_sparse_requests"] >= summary["steps"]
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_paddle_job_ends_promptly_naming_a_killed_server(tmp_path):
     args = [*SMALL, "backend=paddle", "data.num_samples=20000", "trainer.batch_size=8"]
@@ -290,6 +292,7 @@ def test_paddle_job_ends_promptly_naming_a_killed_server(tmp_path):
     assert took < 30 and not alive
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_paddle_job_killed_during_start_up_leaves_nothing_running(tmp_path):
     """A trainer that dies before the servers' rendezvous: server 0 then waits in C++ (deaf to
@@ -335,7 +338,8 @@ def test_a_criteo_tsv_file_trains_and_holds_out_the_rows_after_the_training_ones
     assert summary["rows"] == 3000 and summary["data"] == "criteo"
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+# Paddle's parameter-server job takes over 10 s to start and stop: marked slow.
+@pytest.mark.parametrize("backend", ["torch", pytest.param("paddle", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("bad", ["a broken line", "too large a batch"])
 def test_a_bad_file_or_batch_in_a_running_job_is_one_line_and_leaves_no_run_directory(backend, bad, tmp_path):
     # Found by the trainers once the servers are up: each trainer refuses the same thing, and

@@ -40,6 +40,7 @@ def _weights(run_dir: Path) -> dict:
         return {k: f[k] for k in f.files}
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_killed_worker_is_restarted_and_the_job_ends_as_if_uninterrupted(backend, tmp_path):
@@ -81,6 +82,7 @@ def test_a_killed_worker_is_restarted_and_the_job_ends_as_if_uninterrupted(backe
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in b)
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_without_restarts_left_the_job_ends_in_one_line_with_nothing_left_running(backend, tmp_path):

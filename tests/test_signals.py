@@ -16,7 +16,8 @@ import pytest
 
 from conftest import BACKENDS, FAST, alive, descendants
 
-pytestmark = pytest.mark.slow
+# Each times how soon its job ends, or watches every process: alone (make test-slow's serial part).
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
 def worker_pids(run_dir: Path) -> Set[int]:

@@ -61,6 +61,7 @@ def test_vit_trains_on_both_from_the_same_weights(trained):
     assert all(np.isfinite(r["loss"]) for b in BACKENDS for r in trained[b].metrics())
 
 
+@pytest.mark.slow
 def test_a_paddle_vit_exports_to_torch_and_onnx_checked(trained):
     run = trained["paddle"].run_dir
     done = subprocess.run(
@@ -99,6 +100,7 @@ def test_an_image_size_the_patches_do_not_divide_is_refused(tmp_path):
     ), result.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_a_vit_quantizes_in_paddle_and_onnx_runtime(trained):
     # Attention's activation-by-activation matmuls and GELU go through Paddle's legacy program
     # and ONNX Runtime's pre-processing, which the ResNets never asked of them.
