@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import BACKENDS, run_unitrain
+from conftest import run_unitrain
 from unitrain.data import criteo
 from unitrain.errors import UnitrainError
 
