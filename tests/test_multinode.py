@@ -204,7 +204,6 @@ def test_parameter_servers_over_two_hosts_give_the_one_host_auc(backend, layout,
         assert netns_hosts._pids(host.namespace) == []
 
 
-@pytest.mark.serial
 @pytest.mark.parametrize(
     "backend,node",
     [("torch", 0), ("paddle", 0), ("paddle", 1)],
@@ -224,7 +223,6 @@ def test_a_parameter_server_node_whose_other_node_never_comes_is_one_line(backen
     assert netns_hosts._pids(hosts[node].namespace) == []
 
 
-@pytest.mark.serial
 @pytest.mark.parametrize("killed", ["servers", "trainers"])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_parameter_server_host_that_dies_mid_run_ends_the_other_node(backend, killed, hosts, tmp_path):
