@@ -38,6 +38,16 @@ FAST = ["model=tiny", "data.image_size=16", "trainer.threads=2", "trainer.progre
 BACKENDS = ["paddle", "torch"]
 
 
+#: Planted in the environment of every job the tests start: tokens live in the environment, and no
+#: file a job (or its launcher) leaves may hold it (holding_the_environment).
+PLANTED, PLANTED_VALUE = "UNITRAIN_TEST_PLANTED_TOKEN", "planted-token-5be1c0"
+
+
+def holding_the_environment(folder: Path) -> List[str]:
+    """The files under ``folder`` that hold the planted variable's value."""
+    return sorted(str(p) for p in Path(folder).rglob("*") if p.is_file() and PLANTED_VALUE.encode() in p.read_bytes())
+
+
 class CliResult:
     def __init__(self, proc: subprocess.CompletedProcess, run_dir: Path, args: List[str] = ()):
         self.returncode, self.stdout, self.stderr, self.run_dir = proc.returncode, proc.stdout, proc.stderr, run_dir
@@ -59,7 +69,7 @@ def run_unitrain(
     tmp_path.mkdir(parents=True, exist_ok=True)
     run_dir = tmp_path / "run"
     hydra_dirs = [f"hydra.run.dir={run_dir}", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", PLANTED: PLANTED_VALUE}
     proc = subprocess.run(
         [python or sys.executable, "-m", module, *args, *hydra_dirs],
         cwd=tmp_path,

@@ -194,10 +194,30 @@ def test_missing_framework_names_the_extra(tmp_path):
     assert "pip install 'unitrain[paddle]'" in out
 
 
-def test_out_of_memory_is_one_line(unitrain_cli):
-    result = unitrain_cli(*FAST, "data.image_size=100000", "trainer.steps=2")
-    assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.strip().splitlines()[-1].startswith("unitrain: error: out of memory (data.image_size=100000")
+def test_out_of_memory_is_one_line(tmp_path):
+    """What preflight could not foresee (the activations): the process's address space is capped at
+    2 GiB, which a batch of 1024x1024 images passes at start and the step then exceeds."""
+    import resource
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 * 2**30, 2 * 2**30))
+
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "unitrain", "backend=torch", *FAST, "data.image_size=1024", "trainer.steps=2"]
+        + [f"hydra.run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        preexec_fn=cap,
+        timeout=300,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        "unitrain: error: out of memory (data.image_size=1024, trainer.batch_size=16, model=tiny, "
+        "data.num_classes=10); allowed: a smaller image size, batch, model or number of classes"
+    ]
+    assert not run_dir.exists()  # a refusal of the job's sizes leaves nothing behind
 
 
 @pytest.mark.slow

@@ -60,9 +60,12 @@ def test_defaults_are_the_documented_job():
     cfg = make()
     assert (cfg.backend.name, cfg.model.name, cfg.data.name, cfg.amp.level) == ("torch", "resnet50", "learnable", "O0")
     assert cfg.dist.nproc_per_node == 1 and cfg.trainer.threads is None
-    # The seed's optimizer in the optim group; the small default job lowers only the lr.
+    # The seed's optimizer in the optim group, at the small default job's lr.
     assert (cfg.optim.lr, cfg.optim.momentum, cfg.optim.weight_decay) == (0.02, 0.9, 1e-4)
     assert make("experiment=seed_resnet50").optim.lr == 0.1
+    # A choice of optimizer brings its own lr, whatever the experiment: none sets one for all.
+    for name, lr in (("sgd", 0.1), ("adagrad", 0.01), ("adam", 0.001)):
+        assert make("experiment=wide_deep_ps", f"optim={name}").optim.lr == lr
     from unitrain.config.schema import OptimConfig
 
     assert (OptimConfig.lr, OptimConfig.momentum, OptimConfig.weight_decay) == (0.1, 0.9, 1e-4)

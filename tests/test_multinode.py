@@ -118,6 +118,8 @@ def test_a_node_that_dies_mid_run_ends_the_other_in_seconds(backend, hosts, tmp_
         f"{'torch.distributed.run' if backend == 'torch' else 'paddle.distributed.launch'} exited with code "
         + stderr.split("exited with code ", 1)[1].split("\n", 1)[0]
     )
+    # One line, ending with the log that holds the rest: no framework's dump on the screen.
+    assert stderr.strip().count("\n") == 0 and stderr.strip().endswith(f"; see {tmp_path / 'node0' / 'workerlog.0'}")
     assert netns_hosts._pids(hosts[0].namespace) == []
 
 
@@ -245,4 +247,5 @@ def test_a_parameter_server_host_that_dies_mid_run_ends_the_other_node(backend, 
     assert nodes[1 - dead].returncode != 0 and time.monotonic() - killed_at < 60
     first = stderr.strip().splitlines()[0]
     assert first.startswith("unitrain: error: dist.nnodes=2: ") and "another node" in first, stderr[-3000:]
+    assert stderr.strip().count("\n") == 0, stderr[-3000:]
     assert netns_hosts._pids(hosts[1 - dead].namespace) == []

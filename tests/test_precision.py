@@ -213,11 +213,11 @@ def test_apex_without_apex_fails_at_start(unitrain_cli):
     assert result.returncode == 2
     line = result.stderr.strip().splitlines()[-1]
     assert (
-        line.startswith("unitrain: error: NVIDIA Apex is not installed")
+        line.startswith("unitrain: error: amp.impl='apex' is not allowed: native here: NVIDIA Apex is not installed")
         and "25.04" in line
         and "amp.impl=native" in line
     )
-    assert not (result.run_dir / "metrics.jsonl").exists()
+    assert not result.run_dir.exists()  # refused before anything is written
 
 
 @pytest.mark.parametrize(

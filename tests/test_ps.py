@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import run_unitrain
+from conftest import holding_the_environment, run_unitrain
 from unitrain.data import criteo
 from unitrain.errors import UnitrainError
 
@@ -268,6 +268,7 @@ def test_paddle_job_trains_on_fleet_parameter_servers(mode, tmp_path):
     result = run_unitrain([*SMALL, "backend=paddle", *layout], tmp_path, python=paddle_ps_python())
     summary = _check_job(result, mode, 0 if mode == "local" else 1, 1 if mode == "local" else 2)
     assert summary["version"] == "3.0.0"
+    assert holding_the_environment(result.run_dir) == []  # the launcher's environment dumps are private
     if mode != "local":
         observed = summary["observed"]
         # What Fleet ran, read back from its runtime; the counters from the servers' brpc pages.

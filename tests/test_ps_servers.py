@@ -318,6 +318,24 @@ def test_a_trained_wide_deep_is_served_by_both_frameworks_and_scores_criteo_line
         text=True,
     )
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1 and "--criteo=" in missing.stderr
+    assert job.summary()["beats_base_rate"] is True
+    if layout == "sync":
+        _other_commands_say_what_takes_a_parameter_server_run(job.run_dir, tmp_path)
+
+
+def _other_commands_say_what_takes_a_parameter_server_run(run_dir: Path, cwd: Path) -> None:
+    """The image models' commands, given a parameter-server run or its export: one line that
+    names what takes it, and nothing written."""
+    checkpoint = next((run_dir / "checkpoints").glob("step*"))
+    for command, says in (
+        (["unitrain.convert", str(checkpoint), "--to", "torch"], "is a parameter-server job's (wide&deep)"),
+        (["unitrain.quantize", str(checkpoint)], "is a parameter-server job's (wide&deep)"),
+        (["unitrain.infer", str(run_dir / "export")], "is a parameter-server job's export (wide&deep)"),
+    ):
+        before = sorted(p.name for p in run_dir.rglob("*"))
+        done = subprocess.run([sys.executable, "-m", *command], cwd=cwd, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2 and done.stderr.count("\n") == 1 and says in done.stderr, done.stderr[-2000:]
+        assert sorted(p.name for p in run_dir.rglob("*")) == before
 
 
 # --- dist.ps.feed=engine: Fleet's dataset API runs whole passes ------------------------------------

@@ -29,7 +29,7 @@ def one_error(result) -> str:
         (["+foo=bar"], "foo is not a config key; allowed keys at the top level: backend, amp"),
         (["+trainer.stepz=5"], "trainer.stepz is not a config key; allowed keys under trainer: steps"),
         (["optim.schedule=step", "optim.gamma=0"], "optim.gamma=0.0 is not allowed: a number in (0, 1]"),
-        (["data.sample_delay_s=nan"], "data.sample_delay_s=nan is not allowed: a finite number of seconds >= 0"),
+        (["data.sample_delay_s=nan"], "data.sample_delay_s=nan is not allowed: a number of seconds from 0 to 60"),
         (["trainer.seed=99999999999999"], "trainer.seed=99999999999999 is not allowed: an integer in [0, 2**32)"),
         (["data.num_workers=1000"], "data.num_workers=1000 is not allowed: at most"),
         (["dist.nproc_per_node=1000"], "dist.nproc_per_node=1000 is not allowed: at most"),
@@ -62,7 +62,7 @@ def test_parity_refuses_a_tolerance_that_could_only_report_a_false_failure(tmp_p
     result = run_unitrain(["tolerance=-1", "model=tiny"], tmp_path, module="unitrain.parity")
     assert result.returncode == 2
     assert one_error(result) == (
-        "unitrain.parity: error: tolerance=-1.0 is not allowed: a finite number > 0 (the largest relative difference "
+        "unitrain.parity: error: tolerance=-1.0 is not allowed: a number in (0, 1] (the largest relative difference "
         "that passes)"
     )
     assert not result.run_dir.exists()
@@ -220,6 +220,7 @@ def test_a_full_disk_while_checkpointing_is_one_line_and_keeps_the_latest(backen
         f"unitrain: error: the checkpoint of step 2 could not be written into {run_dir / 'checkpoints'}: "
     )
     assert errors[0].endswith("; checkpoints/latest still names step1")
+    assert ": the disk is full (" in errors[0], errors[0]  # said plainly, not in the framework's words
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["latest", "step1"]
     assert json.loads((run_dir / "checkpoints" / "step1" / "meta.json").read_text())["step"] == 1
 
@@ -233,3 +234,78 @@ def test_an_unresolvable_master_address_is_said_before_waiting(tmp_path):
     )
     assert result.returncode == 2
     assert "dist.master_addr='no-such-host.invalid' is not allowed: it does not resolve" in one_error(result)
+
+
+def _criteo(path: Path, lines: list) -> str:
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "command,args,message",
+    [
+        # A setting the job would read nothing of.
+        ("unitrain", ["dist.interface=lo"], "dist.interface='lo' is not allowed: unset with one process"),
+        (
+            "unitrain",
+            ["model.torch=my.nets:build"],
+            "model.torch='my.nets:build' is not allowed: unset with model=tiny",
+        ),
+        (
+            "unitrain",
+            ["model=vit_tiny", "model.freeze_bn=true"],
+            "model.freeze_bn=True is not allowed: false with vit_tiny",
+        ),
+        ("unitrain", ["trainer.eval_every=5"], "trainer.eval_every=5 is not allowed: 0 with data=learnable without"),
+        (
+            "unitrain",
+            ["experiment=wide_deep_ps", "dist.ps.node_servers=[5]"],
+            "dist.ps.node_servers=[5] is not allowed: [] or [1]",
+        ),
+        ("unitrain", ["experiment=wide_deep_ps", "optim.momentum=0.9"], "optim.momentum=0.9 is not allowed: 0 with"),
+        ("unitrain.parity", ["model=vit_tiny", "data.image_size=10"], "data.image_size=10 is not allowed: a multiple"),
+        ("unitrain.parity", ["model.name=vgg"], "model.name='vgg' is not allowed: one of"),
+        # Nodes: node 0's address must be this host's; every parameter-server host must resolve.
+        (
+            "unitrain",
+            ["dist.nnodes=2", "dist.master_port=29400", "dist.master_addr=192.0.2.1"],
+            "dist.master_addr='192.0.2.1' is not allowed: an address of this host on node 0",
+        ),
+        (
+            "unitrain",
+            ["experiment=wide_deep_ps", "dist.nnodes=2", "dist.master_port=29400"]
+            + ["dist.ps.hosts=[127.0.0.1,no-such-host.invalid]"],
+            "dist.ps.hosts=['127.0.0.1', 'no-such-host.invalid'] is not allowed: every node's address",
+        ),
+        # Counts with a ceiling, a sweep launcher's jobs at a time.
+        ("unitrain", ["dist.max_restarts=1000000"], "dist.max_restarts=1000000 is not allowed: at most 100"),
+        ("unitrain", ["-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=0"], "hydra.launcher.n_jobs=0 is not"),
+        # A batch of images that alone would not fit in memory (before the framework's own error).
+        ("unitrain", ["data.image_size=100000"], "data.image_size=100000 is not allowed: at most"),
+    ],
+)
+def test_what_a_careless_user_tries_is_refused_before_anything_starts(command, args, message, tmp_path):
+    context = [] if "experiment=wide_deep_ps" in args else [*FAST, "trainer.steps=2"]
+    if command == "unitrain.parity":
+        context = ["model=tiny", "data.image_size=16"]
+    backend = ["backend=torch"] if command == "unitrain" else []
+    line = refusal([*context, *backend, *args], tmp_path, command)
+    assert line is not None and line.startswith(f"{command}: error: {message}"), line
+
+
+@pytest.mark.parametrize(
+    "lines,key,message",
+    [
+        ([], "data.val_path", "it holds no rows"),
+        (["garbage", "more garbage"], "data.path", "line 1 has 1 fields"),
+    ],
+)
+def test_criteo_files_that_cannot_train_are_refused_before_any_process_starts(lines, key, message, tmp_path):
+    from unitrain.data import criteo
+
+    good = _criteo(tmp_path / "good.tsv", criteo.synthetic_lines(200, seed=1))
+    bad = _criteo(tmp_path / "bad.tsv", lines)
+    paths = {"data.path": good, "data.val_path": good, key: bad}
+    args = ["experiment=wide_deep_ps", "backend=torch", "data=criteo", *(f"{k}={v}" for k, v in paths.items())]
+    line = refusal(args, tmp_path)
+    assert line is not None and message in line and bad in line, line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -133,6 +134,21 @@ def test_unfair_comparison_is_flagged(tmp_path):
     assert "WARNING: runs differ in trainer.threads (1 vs 2): the comparison would not be fair" in proc.stdout
     assert "Not a fair comparison" in (tmp_path / "cmp" / "report.html").read_text()
     assert "time to loss" in proc.stdout.splitlines()[0]
+    # One after the other, on one host: no word of competing. Side by side (a parallel sweep
+    # launcher, a SLURM array on one node), their timings competed, and the report says so.
+    assert "at the same time" not in proc.stdout
+    from unitrain.report.fairness import overlap_warnings
+    from unitrain.report.runs import load_runs
+
+    side_by_side = []
+    for name, run in (("c", one), ("d", two)):
+        copy = shutil.copytree(run.run_dir, tmp_path / name)
+        summary = json.loads((copy / "summary.json").read_text())
+        summary["loop_started_at"] = json.loads((one.run_dir / "summary.json").read_text())["loop_started_at"]
+        (copy / "summary.json").write_text(json.dumps(summary))
+        side_by_side.append(copy)
+    warnings = overlap_warnings(load_runs(side_by_side))
+    assert len(warnings) == 1 and "trained at the same time on " in warnings[0], warnings
 
 
 @pytest.mark.slow

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BACKENDS, FAST, run_unitrain
+from conftest import BACKENDS, FAST, PLANTED, PLANTED_VALUE, holding_the_environment, run_unitrain
 
 JOB = [
     *FAST,
@@ -58,6 +58,7 @@ def test_a_killed_worker_is_restarted_and_the_job_ends_as_if_uninterrupted(backe
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, PLANTED: PLANTED_VALUE},
     )
     deadline = time.monotonic() + 180
     while len(_steps(run_dir)) < 30 and time.monotonic() < deadline:
@@ -79,6 +80,8 @@ def test_a_killed_worker_is_restarted_and_the_job_ends_as_if_uninterrupted(backe
     assert losses == full_losses[: len(losses)] and summary["steps"] == 120
     a, b = _weights(run_dir), _weights(full.run_dir)
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in b)
+    # Paddle's elastic launcher dumps its environment into its pod log: in a private directory.
+    assert holding_the_environment(run_dir) == []
 
 
 @pytest.mark.serial
@@ -115,6 +118,7 @@ def test_without_restarts_left_the_job_ends_in_one_line_with_nothing_left_runnin
     _, stderr = job.communicate(timeout=180)
     assert job.returncode == 1
     assert stderr.strip().splitlines()[0].startswith("unitrain: error: rank 1 stopped without reporting"), stderr
+    assert stderr.strip().count("\n") == 0, stderr  # one line, pointing at the log that holds the rest
     assert _processes_with(str(run_dir)) == [] and _processes_with("unitrain-etcd-") == etcds_before
 
 
@@ -128,3 +132,27 @@ def _processes_with(text: str) -> list:
         except OSError:
             continue
     return sorted(found)
+
+
+@pytest.mark.serial
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_refusal_ends_the_job_at_once_whatever_the_restart_budget(backend, tmp_path):
+    """A worker refusing a file is no transient fault: the launcher would restart it into the same
+    refusal, dist.max_restarts times over; the job ends at the first, in its one line."""
+    if backend == "paddle" and shutil.which("etcd") is None:
+        pytest.skip("no etcd server: `make etcd` installs Debian's etcd-server (Paddle restarts only with one)")
+    from test_bad_data import RUN, image_folder
+
+    victim = image_folder(tmp_path / "data", "text")
+    started = time.monotonic()
+    result = run_unitrain(
+        [f"backend={backend}", *RUN, f"data.path={tmp_path / 'data'}", "dist.nproc_per_node=2", "dist.max_restarts=50"],
+        tmp_path / "job",
+        timeout=180,
+    )
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(victim) in lines[0], lines
+    assert time.monotonic() - started < 60
+    assert not result.run_dir.exists()  # a refusal leaves nothing behind

@@ -57,6 +57,7 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         sys.exit(code)
     except MemoryError:
         print(f"unitrain: error: {out_of_memory(cfg)}", file=sys.stderr, flush=True)
+        discard_refused(run_dir)
         sys.exit(2)
     if summary is None:
         print(f"node {cfg.dist.node_rank} finished; {kind.summary_holder(cfg)} holds the summary", flush=True)

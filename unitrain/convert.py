@@ -16,7 +16,7 @@ from unitrain.interface.modules import available_backends
 from unitrain.interface.weights import weights_module
 from unitrain.launch.arguments import OneLineParser
 from unitrain.model.transfer import converted
-from unitrain.train.checkpoint import find_checkpoint, read_meta, read_model_arrays
+from unitrain.train.checkpoint import find_checkpoint, read_image_meta, read_model_arrays
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     target = weights_module(args.to)
     try:
         path = find_checkpoint(args.checkpoint, [Path.cwd() / "runs", Path.cwd() / "multirun"], key="checkpoint")
-        meta = read_meta(path)
+        meta = read_image_meta(path, "unitrain.convert")
         out = Path(args.out) if args.out else path / f"model.{args.to}{target.NATIVE_SUFFIX}"
         if out.is_dir() or not out.parent.is_dir():
             why = "is a directory" if out.is_dir() else f"its directory {out.parent} does not exist"

@@ -46,5 +46,6 @@ class UnknownNameError(UnitrainError, KeyError):
     __str__ = Exception.__str__
 
 
-class BackendUnavailableError(UnitrainError, ImportError):
-    """The backend exists but its framework is not installed."""
+class BackendUnavailableError(Refusal, ImportError):
+    """The backend (or an extension it was asked for, such as Apex) exists but is not installed:
+    the job as configured cannot run here, and leaves nothing behind."""

@@ -21,7 +21,7 @@ import numpy as np
 
 from unitrain.deploy import artifacts, ps_export
 from unitrain.deploy.infer import RESULT, Timing, benchmark, worker
-from unitrain.deploy.pairs import pair_worker
+from unitrain.deploy.pairs import MAX_PAIRS, pair_worker
 from unitrain.errors import UnitrainError
 from unitrain.launch.arguments import OneLineParser
 from unitrain.report.inference import markdown
@@ -105,8 +105,8 @@ def _timing(args: argparse.Namespace) -> Timing:
             raise UnitrainError(f"{key}={value} is not allowed: a number >= 0")
     if args.min_iters < 1:
         raise UnitrainError(f"--min-iters={args.min_iters} is not allowed: an integer >= 1")
-    if args.pairs < 0 or args.pairs == 1:
-        raise UnitrainError(f"--pairs={args.pairs} is not allowed: 0 (no ratios) or at least 2")
+    if args.pairs < 0 or args.pairs == 1 or args.pairs > MAX_PAIRS:
+        raise UnitrainError(f"--pairs={args.pairs} is not allowed: 0 (no ratios) or 2 to {MAX_PAIRS}")
     return Timing(
         batches=batches,
         threads=args.threads,

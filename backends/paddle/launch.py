@@ -27,7 +27,10 @@ ACCELERATOR_PROBE = "import paddle; print(paddle.device.cuda.device_count() > 0)
 
 
 class _PaddleLauncher(Launcher):
-    module, writes_workerlogs = "paddle.distributed.launch", True
+    # Its log directory (--log_dir) is a private one beside the run (beside()): the launcher
+    # writes every worker's whole environment there (envlog.N, backup_env.N.json, its pod log),
+    # and tokens live in the environment; each worker writes its own workerlog.N instead.
+    module, writes_workerlogs = "paddle.distributed.launch", False
     rank_env, local_rank_env = "PADDLE_TRAINER_ID", "PADDLE_LOCAL_RANK"
     # Its HTTP master waits for the other nodes with no time limit (--elastic_timeout only
     # applies to etcd:// masters): the main process keeps the clock.
@@ -46,7 +49,7 @@ class _PaddleLauncher(Launcher):
     def options(self, dist: DistConfig, run_dir: Path) -> List[str]:
         # --max_restart 0: a failed worker ends the job (paddle's default restarts it 3 times).
         opts = ["--nproc_per_node", str(dist.nproc_per_node), "--nnodes", str(dist.nnodes)]
-        opts += ["--log_dir", str(run_dir), "--max_restart", "0"]
+        opts += ["--max_restart", "0"]
         if dist.max_restarts:
             # Its elastic controller deploys the pod while restarts <= --max_restart, counting
             # from the first deploy: N - 1 gives N restarts. The master is etcd's (beside).
@@ -62,9 +65,15 @@ class _PaddleLauncher(Launcher):
 
     @contextmanager
     def beside(self, dist: DistConfig, run_dir: Path) -> Iterator[Beside]:
-        if not dist.max_restarts:
-            yield Beside()
-            return
+        with _private_log_dir(run_dir) as log_dir:
+            if not dist.max_restarts:
+                yield Beside(options=["--log_dir", log_dir])
+                return
+            with self._elastic(run_dir) as elastic:
+                yield Beside(options=["--log_dir", log_dir, *elastic.options], env=elastic.env)
+
+    @contextmanager
+    def _elastic(self, run_dir: Path) -> Iterator[Beside]:
         # Only CollectiveElasticController, chosen by an etcd:// master, restarts a failed pod
         # (elastic level 1: restart it; the default ends the job). Its etcd3 client's generated
         # code predates protobuf 4 and loads only on protobuf's pure-Python implementation. The
@@ -83,8 +92,8 @@ class _PaddleLauncher(Launcher):
 
     def ps_options(self, dist: DistConfig, run_dir: Path) -> List[str]:
         # --server_num/--trainer_num select the parameter-server controller (--worker_num would
-        # silently fall back to the legacy launcher); it writes serverlog.N and workerlog.N.
-        opts = ["--log_dir", str(run_dir), "--max_restart", "0"]
+        # silently fall back to the legacy launcher); its processes write serverlog.N and workerlog.N.
+        opts = ["--max_restart", "0"]
         if dist.nnodes == 1:
             return ["--server_num", str(dist.ps.servers), "--trainer_num", str(dist.ps.trainers), *opts]
         # Several nodes: every endpoint, given alike to each node's launcher, which starts those
@@ -134,6 +143,20 @@ def ps_role(env: Mapping[str, str], layout: PsLayout) -> Role:
         endpoints = env.get("PADDLE_PSERVERS_IP_PORT_LIST", "").split(",")
         return Role("server", endpoints.index(endpoint) if endpoint in endpoints else 0, servers, trainers)
     return Role("trainer", int(env.get("PADDLE_TRAINER_ID", "0")), servers, trainers)
+
+
+@contextmanager
+def _private_log_dir(run_dir: Path) -> Iterator[str]:
+    """A directory only this user can read, for the launcher's logs, removed when the job ends.
+    A worker that died before it could open its own log left its output only there: that log
+    is kept in the run directory."""
+    with tempfile.TemporaryDirectory(prefix="unitrain-paddle-launch-") as private:
+        try:
+            yield private
+        finally:
+            for log in Path(private).glob("*log.*"):
+                if log.name.startswith(("workerlog.", "serverlog.")) and not (run_dir / log.name).exists():
+                    shutil.copyfile(log, run_dir / log.name)
 
 
 # --- etcd: the key-value store whose leases the launcher's elastic mode (--master etcd://...)

@@ -8,10 +8,13 @@ from typing import Optional, Tuple
 
 from unitrain.config.schema import DistConfig, UnitrainConfig
 from unitrain.errors import ConfigError
+from unitrain.host.memory import available_mb
 
 __all__ = ["check_all_reduce", "check_collective", "check_ps"]
 
 
+#: Moments each row keeps beside its value and gradient, by optimizer.
+MOMENTS = {"sgd": 0, "adagrad": 1, "adam": 2}
 #: The first paddlepaddle unitrain's collective training runs on.
 COLLECTIVE_SINCE = (3, 3)
 
@@ -60,8 +63,26 @@ def check_ps(cfg: UnitrainConfig) -> None:
         )
     if cfg.dist.nnodes > 1:
         _check_ps_hosts(cfg.dist)
+    if ps.servers == 0:
+        _check_whole_table(cfg)
     _check_apex(cfg)
     check_all_reduce(cfg.dist)
+
+
+def _check_whole_table(cfg: UnitrainConfig) -> None:
+    """One Paddle process holds the whole [buckets, 1 + dim] table (and as much again per
+    optimizer moment), not only the rows its ids touch as the servers do."""
+    free = available_mb()
+    buckets, dim = cfg.model.sparse_buckets, cfg.model.embedding_dim
+    per_row = 4 * (1 + dim) * (2 + MOMENTS.get(str(cfg.optim.name), 2))
+    if free is not None and buckets * per_row / 2**20 > free:
+        raise ConfigError(
+            "model.sparse_buckets",
+            buckets,
+            f"at most {int(free * 2**20 / per_row)} with backend=paddle and dist.ps.servers=0 (one Paddle process "
+            f"holds the whole table: {buckets * per_row / 2**30:.1f} GiB, more than the {free / 1024:.1f} GiB free "
+            "here); or parameter servers, whose tables hold only the ids they see",
+        )
 
 
 def _check_apex(cfg: UnitrainConfig) -> None:

@@ -21,6 +21,8 @@ from unitrain.config.schema import AmpConfig
 from unitrain.errors import BackendUnavailableError, ConfigError
 from unitrain.interface.precision import MixedPrecision, ScaledMixedPrecision, loss_scaling_wanted, op_lists
 
+from .validation import APEX_HELP
+
 __all__ = ["make_precision"]
 
 log = logging.getLogger("unitrain")
@@ -236,14 +238,6 @@ class ApexMixedPrecision(TorchMixedPrecision):
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         if "apex_amp" in state:
             self.amp.load_state_dict(state["apex_amp"])
-
-
-APEX_HELP = (
-    "amp.impl=apex needs NVIDIA Apex built from source with its amp module (apex.amp was removed in 2025 by "
-    "NVIDIA/apex PR #1896; tag 25.04 is the last that has it: git clone -b 25.04 https://github.com/NVIDIA/apex "
-    "and pip install -v --no-build-isolation ./apex); the PyPI package named 'apex' is unrelated. "
-    "Or use amp.impl=native, which gives the same levels without Apex"
-)
 
 
 def _import_apex_amp():

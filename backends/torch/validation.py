@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import math
 import os
@@ -12,6 +13,13 @@ from unitrain.errors import ConfigError
 from unitrain.host import machine
 from unitrain.spec.models import MODELS, ResNetSpec
 
+APEX_HELP = (
+    "amp.impl=apex needs NVIDIA Apex built from source with its amp module (apex.amp was removed in 2025 by "
+    "NVIDIA/apex PR #1896; tag 25.04 is the last that has it: git clone -b 25.04 https://github.com/NVIDIA/apex "
+    "and pip install -v --no-build-isolation ./apex); the PyPI package named 'apex' is unrelated. "
+    "Or use amp.impl=native, which gives the same levels without Apex"
+)
+
 log = logging.getLogger("unitrain")
 _warned: Set[str] = set()  # validate() runs before Hydra and again inside it: say it once
 
@@ -19,6 +27,8 @@ __all__ = ["check_all_reduce", "check_collective", "check_ps"]
 
 
 def check_collective(cfg: UnitrainConfig) -> None:
+    if cfg.amp.impl == "apex" and cfg.amp.level != "O0" and importlib.util.find_spec("apex") is None:
+        raise ConfigError("amp.impl", "apex", f"native here: NVIDIA Apex is not installed; {APEX_HELP}")
     check_all_reduce(cfg.dist)
     _warn_of_onednn_bf16_on_one_pixel(cfg)
 

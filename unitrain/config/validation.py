@@ -19,12 +19,32 @@ from unitrain.config.schema import (
     DataConfig,
     DistConfig,
     OptimConfig,
+    ParityConfig,
     ProfilerConfig,
     TrainerConfig,
     UnitrainConfig,
 )
 from unitrain.data.augment import AUGMENTATIONS
 from unitrain.errors import ConfigError
+from unitrain.spec.models import CUSTOM, MODELS, ResNetSpec, ViTSpec
+
+#: Restarts of failed workers a job may ask for (dist.max_restarts).
+MAX_RESTARTS = 100
+#: Repeats of one job (trainer.repeats) and micro-steps of one optimizer step (trainer.accumulate_steps).
+MAX_REPEATS, MAX_ACCUMULATE = 100, 1024
+#: The first loss scale and its growth factor (float16's range ends at 65504).
+MAX_LOSS_SCALE, MAX_SCALE_RATIO = 2.0**24, 1024.0
+#: Overflowing (skipped) steps in a row before the loss scale backs off.
+MAX_OVERFLOWS = 1000
+#: Seconds a sample may be made to wait (data.sample_delay_s, a stand-in for a slow disk).
+MAX_SAMPLE_DELAY_S = 60.0
+#: Where float32 updates give out (float32 ends at 3.4e38: lr times a gradient overflows): larger is
+#: not a learning rate. (Anything near it diverges at once; the tests use that to force a NaN.)
+MAX_LR = 1e30
+#: Nodes one job may span.
+MAX_NODES = 1024
+#: Seconds a node waits for the others (dist.timeout_s): a day.
+MAX_TIMEOUT_S = 86400.0
 
 
 def one_of(key: str, value: Any, allowed: Iterable[Any]) -> None:
@@ -44,10 +64,16 @@ def at_least(key: str, value: int, least: int, why: str = "") -> None:
         raise ConfigError(key, value, f"an integer >= {least}" + (f" ({why})" if why else ""))
 
 
+def not_empty(key: str, value: Any) -> None:
+    """A path, a host or an import path given as "" is a mistake, not a choice: null unsets it."""
+    if value is not None and not str(value).strip():
+        raise ConfigError(key, value, "unset (null) or not empty")
+
+
 def check_all_reduce_levers(dist: DistConfig) -> None:
     """dist.bucket_cap_mb as every backend takes it; a backend's own limits are its validation
     module's (run again by its context, for library users who skip validate())."""
-    if dist.bucket_cap_mb is not None and not dist.bucket_cap_mb > 0:
+    if dist.bucket_cap_mb is not None and not (math.isfinite(dist.bucket_cap_mb) and dist.bucket_cap_mb > 0):
         raise ConfigError(
             "dist.bucket_cap_mb", dist.bucket_cap_mb, "a size in MB > 0, or null for the framework's default"
         )
@@ -55,16 +81,26 @@ def check_all_reduce_levers(dist: DistConfig) -> None:
 
 def _check_amp(amp: AmpConfig) -> None:
     positive("amp.init_loss_scaling", amp.init_loss_scaling)
-    if not amp.incr_ratio > 1:
-        raise ConfigError("amp.incr_ratio", amp.incr_ratio, "a number > 1")
+    if amp.init_loss_scaling > MAX_LOSS_SCALE:
+        # float16 ends at 65504: a larger first scale only overflows, step after skipped step.
+        raise ConfigError("amp.init_loss_scaling", amp.init_loss_scaling, f"a number in (0, {MAX_LOSS_SCALE:g}]")
+    if not (math.isfinite(amp.incr_ratio) and 1 < amp.incr_ratio <= MAX_SCALE_RATIO):
+        raise ConfigError("amp.incr_ratio", amp.incr_ratio, f"a number > 1, at most {MAX_SCALE_RATIO:g}")
     if not 0 < amp.decr_ratio < 1:
         raise ConfigError("amp.decr_ratio", amp.decr_ratio, "a number in (0, 1)")
     positive("amp.incr_every_n_steps", amp.incr_every_n_steps)
     positive("amp.decr_every_n_nan_or_inf", amp.decr_every_n_nan_or_inf)
+    if amp.decr_every_n_nan_or_inf > MAX_OVERFLOWS:
+        # Every step that overflows is skipped: a scale that waits longer never trains.
+        raise ConfigError(
+            "amp.decr_every_n_nan_or_inf", amp.decr_every_n_nan_or_inf, f"at most {MAX_OVERFLOWS} overflowing steps"
+        )
 
 
 def _check_data(data: DataConfig) -> None:
     positive("data.image_size", data.image_size)
+    for key in ("path", "val_path"):
+        not_empty(f"data.{key}", getattr(data, key))
     at_least("data.num_classes", data.num_classes, 2, "a classifier needs two classes")
     if data.num_samples is not None:
         positive("data.num_samples", data.num_samples)
@@ -74,16 +110,21 @@ def _check_data(data: DataConfig) -> None:
         if not data.path:
             raise ConfigError("data.path", data.path, "a directory of class sub-directories (data=imagefolder)")
     at_least("data.val_samples", data.val_samples, 0, "0: no held-out set")
-    if not (math.isfinite(data.sample_delay_s) and data.sample_delay_s >= 0):
-        raise ConfigError("data.sample_delay_s", data.sample_delay_s, "a finite number of seconds >= 0")
+    if not (math.isfinite(data.sample_delay_s) and 0 <= data.sample_delay_s <= MAX_SAMPLE_DELAY_S):
+        raise ConfigError(
+            "data.sample_delay_s", data.sample_delay_s, f"a number of seconds from 0 to {MAX_SAMPLE_DELAY_S:g}"
+        )
 
 
 def _check_optim(optim: OptimConfig) -> None:
     positive("optim.lr", optim.lr)
+    if optim.lr > MAX_LR:
+        raise ConfigError("optim.lr", optim.lr, f"a number in (0, {MAX_LR:g}]")
     if not 0 <= optim.momentum < 1:  # also false for nan
         raise ConfigError("optim.momentum", optim.momentum, "a number in [0, 1)")
-    if not math.isfinite(optim.weight_decay) or optim.weight_decay < 0:
-        raise ConfigError("optim.weight_decay", optim.weight_decay, "a number >= 0")
+    if not (math.isfinite(optim.weight_decay) and 0 <= optim.weight_decay <= 1):
+        # Above 1 the decay alone flips the weights' sign at any lr near 1.
+        raise ConfigError("optim.weight_decay", optim.weight_decay, "a number in [0, 1]")
     at_least("optim.warmup_steps", optim.warmup_steps, 0)
     positive("optim.step_size", optim.step_size)
     if not (math.isfinite(optim.gamma) and 0 < optim.gamma <= 1):
@@ -115,13 +156,22 @@ def _check_trainer(trainer: TrainerConfig) -> None:
     at_least("trainer.keep_checkpoints", trainer.keep_checkpoints, 0, "0: keep every checkpoint")
     positive("trainer.log_every", trainer.log_every)
     positive("trainer.accumulate_steps", trainer.accumulate_steps)
+    if trainer.accumulate_steps > MAX_ACCUMULATE:
+        raise ConfigError(
+            "trainer.accumulate_steps", trainer.accumulate_steps, f"at most {MAX_ACCUMULATE} micro-steps a step"
+        )
     positive("trainer.repeats", trainer.repeats)
+    if trainer.repeats > MAX_REPEATS:
+        raise ConfigError("trainer.repeats", trainer.repeats, f"at most {MAX_REPEATS} runs of the job")
+    not_empty("trainer.resume", trainer.resume)
 
 
 def _check_dist(cfg: UnitrainConfig) -> None:
     dist = cfg.dist
     positive("dist.nproc_per_node", dist.nproc_per_node)
     positive("dist.nnodes", dist.nnodes)
+    if dist.nnodes > MAX_NODES:
+        raise ConfigError("dist.nnodes", dist.nnodes, f"at most {MAX_NODES} nodes")
     if not 0 <= dist.node_rank < dist.nnodes:
         raise ConfigError(
             "dist.node_rank", dist.node_rank, f"an integer in [0, {dist.nnodes}) (dist.nnodes={dist.nnodes})"
@@ -139,13 +189,24 @@ def _check_dist(cfg: UnitrainConfig) -> None:
         )
     check_all_reduce_levers(dist)
     positive("dist.timeout_s", dist.timeout_s)
+    if dist.timeout_s > MAX_TIMEOUT_S:
+        raise ConfigError("dist.timeout_s", dist.timeout_s, f"at most {MAX_TIMEOUT_S:g} seconds (a day)")
+    not_empty("dist.master_addr", dist.master_addr)
+    not_empty("dist.interface", dist.interface)
     at_least("dist.max_restarts", dist.max_restarts, 0)
+    if dist.max_restarts > MAX_RESTARTS:
+        # A worker that fails that often is not meeting transient faults: it is broken.
+        raise ConfigError(
+            "dist.max_restarts", dist.max_restarts, f"at most {MAX_RESTARTS} (restarts of failed workers in one job)"
+        )
     if dist.max_restarts and dist.nnodes > 1:
         raise ConfigError(
             "dist.max_restarts", dist.max_restarts, "0 with dist.nnodes > 1 (restarts are tested on one node only)"
         )
     micro = BatchPlan.micro_batch_of(cfg, dist.nproc_per_node * dist.nnodes)
-    if micro < 2 and not cfg.model.freeze_bn:
+    spec = MODELS.get(cfg.model.name) if cfg.model.name in MODELS else None
+    with_batchnorm = isinstance(spec, ResNetSpec) or cfg.model.name == CUSTOM
+    if micro < 2 and with_batchnorm and not cfg.model.freeze_bn:
         raise ConfigError(
             "trainer.batch_size",
             cfg.trainer.batch_size,
@@ -161,12 +222,30 @@ def _check_profiler(profiler: ProfilerConfig) -> None:
     positive("profiler.steps", profiler.steps)
 
 
-def check_config(cfg: UnitrainConfig) -> None:
-    """Refuse values that are well-typed but meaningless, whatever the kind of job, naming the
-    key and what is allowed."""
-    _check_amp(cfg.amp)
+def check_image_model(name: str, image_size: int, freeze_bn: bool) -> None:
+    """A built-in image model for these images: a ViT's patches tile them, and it has no
+    BatchNorm to freeze."""
+    spec = MODELS.get(name) if name in MODELS else None
+    if not isinstance(spec, ViTSpec):
+        return
+    if image_size % spec.patch:
+        raise ConfigError("data.image_size", image_size, f"a multiple of {name}'s patch size {spec.patch}")
+    if freeze_bn:
+        raise ConfigError("model.freeze_bn", True, f"false with {name} (a Vision Transformer has no BatchNorm)")
+
+
+def check_groups(cfg: UnitrainConfig | ParityConfig) -> None:
+    """The rules of the groups every command that trains has: model, data, optim, trainer."""
+    not_empty("model.mapping", cfg.model.mapping)
     _check_data(cfg.data)
     _check_optim(cfg.optim)
     _check_trainer(cfg.trainer)
+
+
+def check_config(cfg: UnitrainConfig) -> None:
+    """Refuse values that are well-typed but meaningless, whatever the kind of job, naming the
+    key and what is allowed."""
+    check_groups(cfg)
+    _check_amp(cfg.amp)
     _check_dist(cfg)
     _check_profiler(cfg.profiler)

@@ -59,6 +59,22 @@ def list_files(path: str) -> List[str]:
     return sorted(str(p) for p in Path(path).iterdir() if p.is_file() and not p.name.startswith("."))
 
 
+def check_source(path: Optional[str], key: str = "data.path") -> None:
+    """What :func:`find_parts` would refuse, and a first line that is not a Criteo row, found
+    without reading the whole files: before a job starts, not in every process after."""
+    if not path or not os.path.exists(path):
+        raise ConfigError(key, path, f"{ALLOWED}, existing")
+    listed = list_files(path)
+    if not listed:
+        raise ConfigError(key, path, f"{ALLOWED}; this folder holds no files")
+    files = [f for f in listed if os.path.getsize(f) > 0]
+    if not files:
+        raise ConfigError(key, path, f"{ALLOWED}; it holds no rows")
+    with open(files[0], encoding="utf-8", errors="replace") as f:
+        first = f.readline()
+    parse_numbered([(files[0], 1, first)], buckets=2)
+
+
 def find_parts(path: Optional[str], key: str = "data.path") -> List[Part]:
     """The files of ``path`` (a file, or a folder's visible files sorted by name), counted."""
     if not path or not os.path.exists(path):

@@ -239,16 +239,26 @@ def build_dataset(cfg, default_size: int, seed: int):
     return cls(cfg.num_samples or default_size, cfg.image_size, cfg.num_classes, seed, cfg.sample_delay_s)
 
 
+def has_held_out(cfg) -> bool:
+    """Whether a DataConfig has a held-out set (:func:`build_heldout_dataset` builds it)."""
+    cls = DATASETS.get(cfg.name)
+    if cls is FashionMNISTDataset:
+        return True
+    if cls is ImageFolderDataset:
+        return bool(cfg.val_path)
+    return bool(cfg.val_samples)
+
+
 def build_heldout_dataset(cfg, seed: int):
     """The held-out set of a DataConfig, or None when it has none: Fashion-MNIST's 10,000 test
     images (the first ``val_samples`` if set), ``val_path`` for imagefolder, ``val_samples``
     samples from the held-out stream for the synthetic sets."""
+    if not has_held_out(cfg):
+        return None
     cls = DATASETS.get(cfg.name)
     if cls is FashionMNISTDataset:
         return FashionMNISTDataset(cfg.path, "test", cfg.image_size, cfg.val_samples or None)
     if cls is ImageFolderDataset:
-        if not cfg.val_path:
-            return None
         train_classes = sorted(e.name for e in os.scandir(cfg.path) if e.is_dir())
         held_out = ImageFolderDataset(cfg.val_path, cfg.image_size, cfg.skip_bad_files, key="data.val_path")
         if held_out.classes != train_classes:
@@ -258,6 +268,4 @@ def build_heldout_dataset(cfg, seed: int):
                 f"a directory with the same class sub-directories as data.path ({', '.join(train_classes)})",
             )
         return held_out
-    if not cfg.val_samples:
-        return None
     return cls(cfg.val_samples, cfg.image_size, cfg.num_classes, seed, 0.0, SyntheticDataset.HELD_OUT)

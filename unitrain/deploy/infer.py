@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from unitrain.deploy import artifacts
+from unitrain.deploy import artifacts, ps_export
 from unitrain.deploy.pairs import Side, measure_pair
 from unitrain.deploy.runtimes import accuracy, runtimes_for, thread_env, time_runtime
 from unitrain.errors import UnitrainError
@@ -150,6 +150,11 @@ def _artifacts_in(inputs: Sequence[str]) -> List[Tuple[artifacts.Artifact, Dict[
     for spec in inputs:
         directory, listed = artifacts.locate(spec)
         manifest = artifacts.read_manifest(directory)
+        if manifest.get("kind") == ps_export.KIND:
+            raise artifacts.ArtifactError(
+                f"{directory} is a parameter-server job's export (wide&deep), which scores Criteo lines: python -m "
+                f"unitrain.infer {directory} --criteo <file>; the benchmark times the image models' exports"
+            )
         seen = {(b.directory, b.name) for b, _ in found}
         found += [(a, manifest) for a in listed if (a.directory, a.name) not in seen]
     return found
@@ -179,6 +184,7 @@ def benchmark(inputs: Sequence[str], timing: Timing, out: Optional[str]) -> Path
                         **row,
                     }
                 )
+    _unreadable(rows)
     result = {
         "time": datetime.datetime.now().isoformat(timespec="seconds"),
         "cpu": cpu(),
@@ -198,6 +204,21 @@ def benchmark(inputs: Sequence[str], timing: Timing, out: Optional[str]) -> Path
     (out_dir / "inference.md").write_text(markdown(result) + "\n")
     plot(result, out_dir / "inference.png")
     return out_dir
+
+
+def _unreadable(rows: List[Dict[str, Any]]) -> None:
+    """An artifact no runtime could read is corrupt or truncated: one line, before anything is
+    written (a runtime that fails where others read the artifact is the report's to show)."""
+    by_artifact: Dict[str, List[Dict[str, Any]]] = {}
+    for row in rows:
+        by_artifact.setdefault(row["artifact"], []).append(row)
+    for path, tried in by_artifact.items():
+        if all("error" in row for row in tried):
+            raise artifacts.ArtifactError(
+                f"{path} could not be read by any runtime ({', '.join(r['runtime'] for r in tried)}): "
+                f"{tried[0]['error']}; allowed: an artifact unitrain.export wrote, whole (export it again into a new "
+                "--out directory)"
+            )
 
 
 def _against_the_first(

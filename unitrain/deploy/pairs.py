@@ -37,6 +37,10 @@ BLOCK_S = 0.05
 #: machine, more than within any one, so the interval has to see several processes.
 PAIRS_PER_PROCESS = 2
 
+#: Pairs behind one ratio a command may ask for: past this the interval stops narrowing in any way
+#: that matters and the run takes hours.
+MAX_PAIRS = 100
+
 
 @dataclass(frozen=True, kw_only=True)
 class Side:

@@ -38,7 +38,7 @@ from unitrain.deploy import artifacts
 from unitrain.deploy.export import export
 from unitrain.deploy.infer import Timing, benchmark
 from unitrain.deploy.onnx_quantize import quantize_onnx
-from unitrain.deploy.pairs import Side, measure_pair
+from unitrain.deploy.pairs import MAX_PAIRS, Side, measure_pair
 from unitrain.errors import ConfigError, UnitrainError
 from unitrain.host.atomic import replace_text
 from unitrain.host.machine import cpu
@@ -48,7 +48,7 @@ from unitrain.model.build import build_model
 from unitrain.model.transfer import checkpoint_model, weights_for
 from unitrain.model.weights import Arrays
 from unitrain.report.quantize import RESULT, markdown, plot, table
-from unitrain.train.checkpoint import find_checkpoint, read_meta, read_model_arrays
+from unitrain.train.checkpoint import find_checkpoint, read_image_meta, read_model_arrays
 from unitrain.train.trainer import Trainer
 
 
@@ -65,8 +65,10 @@ def validate(cfg: QuantizeConfig) -> None:
         raise ConfigError("qat.lr", cfg.qat.lr, "a finite number > 0, or null for 1% of the job's lr")
     if cfg.min_iters < 1 or cfg.warmup < 0 or not 0 <= cfg.min_time_s < float("inf"):
         raise ConfigError("min_iters", cfg.min_iters, "min_iters >= 1, warmup >= 0 and a finite min_time_s >= 0")
-    if cfg.pairs < 2:
-        raise ConfigError("pairs", cfg.pairs, "an integer >= 2 (interleaved pairs behind each speed-up)")
+    if not 2 <= cfg.pairs <= MAX_PAIRS:
+        raise ConfigError(
+            "pairs", cfg.pairs, f"an integer from 2 to {MAX_PAIRS} (interleaved pairs behind each speed-up)"
+        )
     if cfg.eval_samples < 0:
         raise ConfigError("eval_samples", cfg.eval_samples, "an integer >= 0 (0: all)")
     cores = len(os.sched_getaffinity(0))
@@ -152,7 +154,7 @@ class Quantization:
 def _resolve(cfg: QuantizeConfig, out_dir: Path) -> Quantization:
     validate(cfg)
     path = find_checkpoint(cfg.source, [Path.cwd() / "runs", Path.cwd() / "multirun"], key="source")
-    meta = read_meta(path)
+    meta = read_image_meta(path, "unitrain.quantize")
     framework = cfg.backend.name if cfg.backend else meta["framework"]
     toolkit = quantize_module(framework)
     _check_toolkits(framework, toolkit, cfg)

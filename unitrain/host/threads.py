@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import os
 
+from unitrain.errors import ConfigError
+
+#: Loader worker processes per core beyond which they only contend.
+MAX_WORKERS_PER_CORE = 4
+
 
 def available_cores() -> int:
     try:
@@ -29,3 +34,15 @@ def export_threads(threads: int) -> None:
     """
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(threads)
+
+
+def check_loader_workers(workers: int) -> None:
+    """data.num_workers for this machine's cores: each worker is a process with its own copy of
+    the framework's loader state, and beyond a few per core they only take memory and contend."""
+    cores = available_cores()
+    if workers > MAX_WORKERS_PER_CORE * cores:
+        raise ConfigError(
+            "data.num_workers",
+            workers,
+            f"at most {MAX_WORKERS_PER_CORE * cores} ({MAX_WORKERS_PER_CORE} per core of the {cores} here)",
+        )

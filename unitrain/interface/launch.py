@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Mapping, Optional, Protocol, Tuple, cast
 
 from unitrain.config.schema import DistConfig
-from unitrain.errors import UnitrainError
+from unitrain.errors import ConfigError, UnitrainError
 from unitrain.host.network import NodeNetwork
 from unitrain.interface import modules
 from unitrain.interface.ps import PsLayout, Role
@@ -92,10 +92,11 @@ class LaunchModule(Protocol):
         """This process's role in a parameter-server job, from the variables the launcher set."""
 
 
-def busy_port_error(port: int, why: str = "address already in use") -> UnitrainError:
-    return UnitrainError(
-        f"dist.master_port={port} is not allowed: it is in use on this machine ({why}); "
-        "pick a free port, or leave it unset on one node"
+def busy_port_error(port: int, why: str = "address already in use") -> ConfigError:
+    return ConfigError(
+        "dist.master_port",
+        port,
+        f"it is in use on this machine ({why}); pick a free port, or leave it unset on one node",
     )
 
 

@@ -10,9 +10,10 @@ import shlex
 from pathlib import Path
 
 from unitrain.config.schema import DATASET_NAMES, PS_DATASETS, PS_MODELS, UnitrainConfig
-from unitrain.config.validation import one_of
+from unitrain.config.validation import check_image_model, one_of
+from unitrain.data.datasets import has_held_out
 from unitrain.errors import ConfigError
-from unitrain.host.memory import available_mb
+from unitrain.host.memory import check_fits
 from unitrain.interface.launch import launch_module
 from unitrain.interface.validation import validation_module
 from unitrain.jobs.kind import Processes, Summary
@@ -28,7 +29,8 @@ from unitrain.launch.supervise import (
     write_worker_config,
 )
 from unitrain.launch.workers import LogFollower
-from unitrain.spec.models import CUSTOM, MODELS, ViTSpec
+from unitrain.model.custom import check_factories
+from unitrain.spec.models import CUSTOM, MODELS
 from unitrain.train import restarts
 from unitrain.train.trainer import train
 
@@ -40,10 +42,11 @@ class CollectiveJob:
 
     def check(self, cfg: UnitrainConfig) -> None:
         one_of("model.name", cfg.model.name, MODELS.names() + [CUSTOM] + list(PS_MODELS))
-        spec = MODELS.get(cfg.model.name) if cfg.model.name in MODELS else None
-        if isinstance(spec, ViTSpec) and cfg.data.image_size % spec.patch:
+        check_image_model(cfg.model.name, cfg.data.image_size, cfg.model.freeze_bn)
+        check_factories(cfg.model)
+        if cfg.dist.interface is not None and cfg.dist.nproc_per_node * cfg.dist.nnodes == 1:
             raise ConfigError(
-                "data.image_size", cfg.data.image_size, f"a multiple of {cfg.model.name}'s patch size {spec.patch}"
+                "dist.interface", cfg.dist.interface, "unset with one process (no other process to talk to)"
             )
         if cfg.model.name in PS_MODELS:
             raise ConfigError(
@@ -60,10 +63,19 @@ class CollectiveJob:
                 f"one of {', '.join(DATASET_NAMES)} with dist.mode=collective ({cfg.data.name} is for dist.mode=ps)",
             )
         one_of("optim.name", cfg.optim.name, ("momentum",))
+        if cfg.trainer.eval_every and not has_held_out(cfg.data):
+            raise ConfigError(
+                "trainer.eval_every",
+                cfg.trainer.eval_every,
+                f"0 with data={cfg.data.name} without held-out data (set data.val_samples, or data.val_path for "
+                "imagefolder)",
+            )
 
     def check_machine(self, cfg: UnitrainConfig) -> None:
         _check_image_folders(cfg)
-        _check_classifier(cfg)
+        spec = MODELS.get(cfg.model.name) if cfg.model.name in MODELS else None
+        features = spec.feature_dim if spec is not None else None
+        check_fits(cfg.data.image_size, cfg.trainer.batch_size, cfg.data.num_classes, features)
         if cfg.model.name == CUSTOM:
             _check_custom(cfg)
 
@@ -118,24 +130,6 @@ def _check_image_folders(cfg: UnitrainConfig) -> None:
         raise ConfigError("data.path", data.path, "an existing directory of class sub-directories")
     if data.val_path is not None and not os.path.isdir(data.val_path):
         raise ConfigError("data.val_path", data.val_path, "an existing directory of class sub-directories")
-
-
-def _check_classifier(cfg: UnitrainConfig) -> None:
-    """A classifier that cannot fit in this machine's memory, said before it is tried (the
-    framework's own error would blame the image size or the batch)."""
-    free = available_mb()
-    if free is None or cfg.model.name not in MODELS:
-        return
-    features, classes = MODELS.get(cfg.model.name).feature_dim, cfg.data.num_classes
-    # Weights, their gradients and momentum, and the batch's logits with their gradients.
-    per_class_mb = 4 * (3 * features + 2 * cfg.trainer.batch_size) / 2**20
-    if classes * per_class_mb > free:
-        raise ConfigError(
-            "data.num_classes",
-            classes,
-            f"at most {int(free / per_class_mb)}: its classifier alone would need "
-            f"{classes * per_class_mb / 1024:.1f} GiB, more than the {free / 1024:.1f} GiB free here",
-        )
 
 
 def _check_custom(cfg: UnitrainConfig) -> None:

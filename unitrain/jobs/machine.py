@@ -3,13 +3,17 @@ its cores. A kind's own needs (its files, its modules, its memory) are its ``che
 
 from __future__ import annotations
 
+import socket
+from typing import Set
+
 from unitrain.config.schema import UnitrainConfig
 from unitrain.errors import ConfigError
-from unitrain.host.threads import available_cores
+from unitrain.host.network import addresses
+from unitrain.host.ports import port_in_use
+from unitrain.host.threads import available_cores, check_loader_workers
+from unitrain.interface.launch import busy_port_error
 from unitrain.jobs.kind import Processes
 
-#: Loader worker processes per core beyond which they only contend.
-MAX_WORKERS_PER_CORE = 4
 #: Training processes (workers, servers, trainers) per core a job may start on a CPU: each is a
 #: Python process with its framework loaded (150 MB or more), and past a few per core they
 #: measure contention. More than one per core draws a warning at launch.
@@ -17,16 +21,13 @@ MAX_PROCESSES_PER_CORE = 8
 
 
 def check_machine(cfg: UnitrainConfig, processes: Processes) -> None:
+    _check_cores(cfg, processes)
+    _check_master(cfg)
+
+
+def _check_cores(cfg: UnitrainConfig, processes: Processes) -> None:
+    check_loader_workers(cfg.data.num_workers)
     cores = available_cores()
-    workers = cfg.data.num_workers
-    if workers > MAX_WORKERS_PER_CORE * cores:
-        # Each worker is a process with its own copy of the framework's loader state: beyond a
-        # few per core they only take memory and contend.
-        raise ConfigError(
-            "data.num_workers",
-            workers,
-            f"at most {MAX_WORKERS_PER_CORE * cores} ({MAX_WORKERS_PER_CORE} per core of the {cores} here)",
-        )
     threads = cfg.trainer.threads
     if threads is not None and threads > cores:
         # Oversubscribed threads measure contention, not the framework (1000 threads ran ~0.1%
@@ -41,3 +42,35 @@ def check_machine(cfg: UnitrainConfig, processes: Processes) -> None:
             f"at most {MAX_PROCESSES_PER_CORE * cores} processes on a CPU of {cores} cores ({processes.count} asked "
             "for)",
         )
+
+
+def _resolved(host: str) -> Set[str]:
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(host, None, socket.AF_INET)}
+    except OSError as err:
+        raise ConfigError(
+            "dist.master_addr",
+            host,
+            f"it does not resolve ({err.strerror or err}); allowed: an address or host name of node 0 that every "
+            "node can reach",
+        ) from None
+
+
+def _check_master(cfg: UnitrainConfig) -> None:
+    """Over several nodes: node 0's address resolves, and on node 0 it is this host's, where the
+    job's store listens; node 0's master port is free (its launcher listens there)."""
+    dist = cfg.dist
+    if dist.nnodes > 1:
+        resolved = _resolved(dist.master_addr)
+        own = set(addresses().values())
+        if dist.node_rank == 0 and not any(a in own or a.startswith("127.") for a in resolved):
+            raise ConfigError(
+                "dist.master_addr",
+                dist.master_addr,
+                f"an address of this host on node 0 (dist.node_rank=0), where the job's store listens; this host's: "
+                f"{', '.join(sorted(own))}",
+            )
+    if dist.master_port is not None and dist.node_rank == 0:
+        why = port_in_use(dist.master_port)
+        if why:
+            raise busy_port_error(dist.master_port, why)

@@ -9,6 +9,7 @@ import copy
 import logging
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -18,7 +19,9 @@ from typing import Optional
 from unitrain.config.schema import PS_DATASETS, PS_MODELS, PS_OPTIMIZERS, UnitrainConfig
 from unitrain.config.validation import at_least, one_of, positive
 from unitrain.data import criteo_files
-from unitrain.errors import ConfigError, UnitrainError
+from unitrain.data.criteo import DENSE_FEATURES, SPARSE_SLOTS
+from unitrain.errors import ConfigError, Refusal, UnitrainError
+from unitrain.host.memory import available_mb
 from unitrain.host.network import addresses
 from unitrain.interface.launch import Beside, Launcher, launch_module
 from unitrain.interface.modules import module_path
@@ -62,10 +65,22 @@ class ParameterServerJob:
         _check_feed(cfg)
 
     def check_machine(self, cfg: UnitrainConfig) -> None:
+        _check_tower_memory(cfg)
+        for host in cfg.dist.ps.hosts if cfg.dist.nnodes > 1 else ():
+            try:
+                socket.getaddrinfo(host, None, socket.AF_INET)
+            except OSError as err:
+                raise ConfigError(
+                    "dist.ps.hosts",
+                    list(cfg.dist.ps.hosts),
+                    f"every node's address or host name, resolvable ({host!r}: {err.strerror or err})",
+                ) from None
         if cfg.data.name == "criteo":
             for key, path in (("data.path", cfg.data.path), ("data.val_path", cfg.data.val_path)):
                 if (path or key == "data.path") and not (path and os.path.exists(path)):
                     raise ConfigError(key, path, f"{criteo_files.ALLOWED}, existing, with data=criteo")
+                if path:
+                    criteo_files.check_source(path, key)
         ps = cfg.dist.ps
         if ps.feed != "engine":
             return
@@ -93,6 +108,23 @@ class ParameterServerJob:
         return f"node {min(n for n in range(cfg.dist.nnodes) if layout.trainers[n])} (trainer 0's)"
 
 
+def _check_tower_memory(cfg: UnitrainConfig) -> None:
+    """The deep tower (26 embeddings and 13 dense features in, its hidden layers, one logit out)
+    with its gradients and two optimizer moments, against this machine's free memory."""
+    free = available_mb()
+    if free is None:
+        return
+    widths = [SPARSE_SLOTS * cfg.model.embedding_dim + DENSE_FEATURES, *cfg.model.hidden_layers, 1]
+    weights = sum(a * b + b for a, b in zip(widths, widths[1:]))
+    if 16 * weights / 2**20 > free:
+        raise ConfigError(
+            "model.hidden_layers",
+            list(cfg.model.hidden_layers),
+            f"layers whose weights fit in memory: with model.embedding_dim={cfg.model.embedding_dim} this tower "
+            f"would need {16 * weights / 2**30:.1f} GiB, more than the {free / 1024:.1f} GiB free here",
+        )
+
+
 def _check_roles(cfg: UnitrainConfig) -> None:
     """Wide&deep on Criteo rows, servers and trainers sizing the job."""
     ps = cfg.dist.ps
@@ -105,6 +137,13 @@ def _check_roles(cfg: UnitrainConfig) -> None:
     if cfg.data.name not in PS_DATASETS:
         raise ConfigError("data", cfg.data.name, f"one of {', '.join(PS_DATASETS)} with dist.mode=ps")
     one_of("optim.name", cfg.optim.name, PS_OPTIMIZERS)
+    for key in ("momentum", "weight_decay"):
+        if cfg.optim[key]:
+            raise ConfigError(
+                f"optim.{key}",
+                cfg.optim[key],
+                f"0 with dist.mode=ps (the servers' rules, {', '.join(PS_OPTIMIZERS)}, have none)",
+            )
     if cfg.dist.max_restarts:
         raise ConfigError(
             "dist.max_restarts",
@@ -145,6 +184,11 @@ def _check_nodes(cfg: UnitrainConfig) -> None:
         for key in ("node_servers", "node_trainers", "hosts"):
             if len(ps[key]) > 1:
                 raise ConfigError(f"dist.ps.{key}", list(ps[key]), "at most one entry with dist.nnodes=1")
+        for key, total in (("node_servers", ps.servers), ("node_trainers", ps.trainers)):
+            if list(ps[key]) not in ([], [total]):
+                raise ConfigError(
+                    f"dist.ps.{key}", list(ps[key]), f"[] or [{total}] (dist.ps.{key[5:]}) with dist.nnodes=1"
+                )
         return
     if ps.servers == 0:
         raise ConfigError("dist.ps.servers", 0, "at least 1 with dist.nnodes > 1 (0 trains in one process)")
@@ -222,14 +266,14 @@ def launch(cfg: UnitrainConfig, run_dir: Path, processes: Processes) -> Summary:
     launcher = launch_module(cfg.backend.name).LAUNCHER
     problem = engine_problem(cfg, launcher)
     if problem:
-        raise UnitrainError(problem)
+        # This environment's framework cannot run the job as configured: nothing is left behind.
+        raise Refusal(problem)
     check_before_launch(cfg, processes.count, processes.keys)
     job = _job_config(cfg, run_dir)
     config_file = write_worker_config(job, run_dir, processes.count)
     started = time.monotonic()
-    # In the run directory: Paddle's servers write http.log (their gloo key-value store's) into
-    # their working directory.
-    supervise(job, run_dir, _launch(job, run_dir, launcher, config_file))
+    with launcher.beside(job.dist, run_dir) as beside:
+        supervise(job, run_dir, _launch(job, run_dir, launcher, config_file, beside))
     return summarize(job, run_dir, time.monotonic() - started)
 
 
@@ -247,13 +291,13 @@ def _job_config(cfg: UnitrainConfig, run_dir: Path) -> UnitrainConfig:
     return job
 
 
-def _launch(cfg: UnitrainConfig, run_dir: Path, launcher: Launcher, config_file: Path) -> Launch:
+def _launch(cfg: UnitrainConfig, run_dir: Path, launcher: Launcher, config_file: Path, beside: Beside) -> Launch:
     dist, ps = cfg.dist, cfg.dist.ps
     layout = PsLayout.of(ps, dist.nnodes)
     if ps.servers:
         worker_args = ["--ps", cfg.backend.name, str(dist.node_rank), *layout.arguments()]
         options = launcher.ps_options(dist, run_dir)
-        command = launcher_command(launcher, options, worker_args, config_file, run_dir, Beside())
+        command = launcher_command(launcher, options, worker_args, config_file, run_dir, beside)
         log.info("launching %d server(s) and %d trainer(s): %s", ps.servers, ps.trainers, shlex.join(command))
     else:
         ps_args = ["--workerlog", "--ps", cfg.backend.name, "0", "0", "1"]
@@ -263,7 +307,9 @@ def _launch(cfg: UnitrainConfig, run_dir: Path, launcher: Launcher, config_file:
         command=command,
         follower=_follower(cfg, run_dir, layout),
         workers=layout.trainers[dist.node_rank],
-        env={**launcher.ps_env, **network_env(dist, launcher)},
+        env={**launcher.ps_env, **network_env(dist, launcher), **beside.env},
+        # In the run directory: Paddle's servers write http.log (their gloo key-value store's)
+        # into their working directory.
         cwd=run_dir,
         nodes=PsNodeWatch(cfg, run_dir),
     )

@@ -1,4 +1,5 @@
-"""Which process brought a job down, said in one line with the tail of its log."""
+"""Which process brought a job down, said in one line that ends with the log holding the rest
+(never a framework's dump on the user's screen)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ LOG_TAIL_LINES = 20
 
 
 class WorkerFailedError(UnitrainError):
-    """A data-parallel worker failed; the message names the rank and ends with its log's tail."""
+    """A data-parallel worker failed; the message names the rank and ends with its log's path."""
 
     exit_code = 1
 
@@ -25,10 +26,6 @@ def _last_lines(path: Path, lines: int = LOG_TAIL_LINES) -> List[str]:
     return (
         path.read_text(encoding="utf-8", errors="replace").rstrip("\n").splitlines()[-lines:] if path.exists() else []
     )
-
-
-def _tail(path: Path) -> str:
-    return "\n".join(f"    {line}" for line in _last_lines(path)) if path.exists() else f"(no {path.name})"
 
 
 def _log_of(status: Dict[str, Any]) -> str:
@@ -134,8 +131,7 @@ def _another_node(
     return WorkerFailedError(
         f"dist.nnodes={dist.nnodes}: {_plural([_name_of(s) for s in culprits])} of node {dist.node_rank} lost the "
         "connection to another node mid-run (it stopped, or the network between the nodes went away: its own run "
-        f"directory says which); {launcher.module} exited with code {returncode}\nlast lines of {worst}:\n"
-        f"{_tail(worst)}"
+        f"directory says which); {launcher.module} exited with code {returncode}; see {worst}"
     )
 
 
@@ -155,7 +151,7 @@ def diagnose(
     gone: Optional[Dict[int, float]] = None,
     workers: int = 0,
 ) -> UnitrainError:
-    """Name the rank that brought the job down, with the tail of its log (``workers``: this
+    """Name the rank that brought the job down, and its log (``workers``: this
     node's processes that write workerlog.<i>, where a launcher's own failure shows)."""
     statuses = worker_statuses(run_dir)
     known = _known_failure(run_dir, launcher, dist, bool(statuses), workers) if dist is not None else None
@@ -176,9 +172,11 @@ def diagnose(
         # which the user cannot act on: the refusal is still the whole story.
         return refused
     if not culprits:
+        launcher_log = run_dir / "launcher.log"
+        last = next((line.strip() for line in reversed(_last_lines(launcher_log)) if line.strip()), "(no output)")
         return WorkerFailedError(
-            f"{launcher.module} exited with code {returncode} before any worker reported; its "
-            f"output:\n{_tail(run_dir / 'launcher.log')}"
+            f"{launcher.module} exited with code {returncode} before any worker reported, its last line: "
+            f"{last[:300]}; see {launcher_log}"
         )
     if dist is not None and dist.nnodes > 1 and all(_lost_a_peer(run_dir, s, launcher) for s in culprits):
         return _another_node(run_dir, launcher, returncode, dist, culprits)
@@ -194,6 +192,4 @@ def diagnose(
         if roles[role]:
             lines.append(f"{_plural([_name_of(s) for s in roles[role]])} {what}")
     worst = run_dir / _log_of(culprits[0])
-    return WorkerFailedError(
-        f"{'; '.join(lines)}; {launcher.module} exited with code {returncode}\nlast lines of {worst}:\n{_tail(worst)}"
-    )
+    return WorkerFailedError(f"{'; '.join(lines)}; {launcher.module} exited with code {returncode}; see {worst}")

@@ -111,7 +111,9 @@ def _scaffolding(p: Path) -> bool:
         or p.name.startswith(
             ("workerlog.", "serverlog.", "envlog.", "backup_env.")
         )  # Paddle's launcher writes the last two
-        or (p.name == "metrics.jsonl" and p.stat().st_size == 0)
+        # A refused job's records are not results: results a run keeps are its checkpoints'
+        # (a folder that is not scaffolding, so it keeps the directory and everything in it).
+        or p.name == "metrics.jsonl"
         # A parameter server's own record (its peak memory), written whenever it stops serving.
         or (p.name == "ps" and p.is_dir() and all(f.name.startswith("server") for f in p.iterdir()))
     )

@@ -22,11 +22,16 @@ from omegaconf import BooleanNode, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from unitrain.errors import UnitrainError
+from unitrain.host.threads import available_cores
 
 #: OmegaConf's words for a value outside an Enum.
 _CHOICE = re.compile(r"Invalid value '(.*)', expected one of \[(.*)\]")
 #: Files whose presence means a directory holds an earlier job's results.
 RESULT_FILES = ("metrics.jsonl", "summary.json", "parity.json")
+
+
+#: Sweep jobs at a time per core (hydra/launcher=joblib): each is a training process.
+MAX_JOBS_PER_CORE = 4
 
 
 class PreflightError(Exception):
@@ -158,11 +163,24 @@ def _check_values(run: List[str], cfg: DictConfig, validate: Optional[Callable[[
         node = holder._get_node(leaf) if isinstance(holder, DictConfig) and leaf in holder else None
         if isinstance(node, BooleanNode) and not isinstance(override.value(), bool):
             raise PreflightError(f"{key}={override.value()!r} is not allowed: true or false")
+    _check_sweep_launcher(cfg)
     if validate is not None:
         try:
             validate(cfg)
         except UnitrainError as err:
             raise PreflightError(str(err)) from None
+
+
+def _check_sweep_launcher(cfg: DictConfig) -> None:
+    """hydra/launcher=joblib's jobs at a time: joblib itself takes 0 with a traceback, and more
+    than a few per core only compete (the sweep's table says so of any that ran side by side)."""
+    jobs = OmegaConf.select(cfg, "hydra.launcher.n_jobs", default=None)
+    most = MAX_JOBS_PER_CORE * available_cores()
+    if jobs is not None and (not isinstance(jobs, int) or not (jobs == -1 or 1 <= jobs <= most)):
+        raise PreflightError(
+            f"hydra.launcher.n_jobs={jobs!r} is not allowed: at most {most} jobs at a time (1 or more), or -1 (one "
+            "per core)"
+        )
 
 
 def check(

@@ -13,7 +13,6 @@ import importlib.util
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -122,16 +121,9 @@ def check_before_launch(cfg: UnitrainConfig, count: int, what: str) -> None:
             count,
             cores,
         )
-    if dist.nnodes > 1:
-        try:
-            socket.getaddrinfo(dist.master_addr, dist.master_port)
-        except OSError as err:
-            raise UnitrainError(
-                f"dist.master_addr={dist.master_addr!r} is not allowed: it does not resolve ({err.strerror or err}); "
-                "allowed: an address or host name of node 0 that every node can reach"
-            ) from None
-    # Node 0 listens on the master port (torchrun's store, Paddle's HTTP master or, on one
-    # node, its workers' store); the others only connect to it.
+    # Checked before the job too (jobs/machine.py); a port taken since is said here. Node 0
+    # listens on the master port (torchrun's store, Paddle's HTTP master or, on one node, its
+    # workers' store); the others only connect to it.
     if dist.master_port is not None and dist.node_rank == 0:
         why = port_in_use(dist.master_port)
         if why:
@@ -218,18 +210,32 @@ def supervise(cfg: UnitrainConfig, run_dir: Path, launch: Launch) -> None:
         raise diagnose(run_dir, launch.launcher, proc.returncode, dist, deaths.gone, launch.workers)
 
 
+def _refusal(run_dir: Path) -> Optional[Refusal]:
+    """The refusal a worker ended with, if one did."""
+    for status in worker_statuses(run_dir):
+        if status["status"] == "failed" and status.get("refusal"):
+            return Refusal(status["error"])
+    return None
+
+
 def _watch(proc: subprocess.Popen, cfg: UnitrainConfig, launch: Launch, deaths: DeathWatch) -> None:
     """Until the launcher exits: echo the log, note each worker's death, and keep the clock on
     nodes that have not joined (a launcher that times out the rendezvous itself says why; this
     clock is the backstop)."""
     nodes = launch.nodes if cfg.dist.nnodes > 1 else None
     waiting = nodes is not None
+    # A launcher that restarts failed workers would restart one that refused its config or data
+    # too, over and over: a refusal is not a fault that passes, and ends the job at once.
+    restarting = cfg.dist.max_restarts > 0
     patience = cfg.dist.timeout_s + (RENDEZVOUS_GRACE_S if launch.launcher.times_out_rendezvous else 0.0)
     started = time.monotonic()
     # Not proc.poll(): that would reap the launcher before its group is stopped.
     while not exited(proc):
         launch.follower.pump()
         deaths.poll()
+        refused = _refusal(deaths.run_dir) if restarting else None
+        if refused is not None:
+            raise refused
         if waiting and nodes.joined():
             waiting = False
         elif waiting and time.monotonic() - started > patience:

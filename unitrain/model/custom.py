@@ -88,6 +88,23 @@ def _resolve(key: str, path: str) -> Any:
         raise ConfigError(key, path, f"an importable function (pkg.module:function); {why}") from None
 
 
+def check_factories(model_cfg: Any) -> None:
+    """A factory (model.<backend>) only with model=custom, where it builds the model; with a
+    built-in model it would be read by nothing."""
+    for name in available_backends():
+        path = getattr(model_cfg, name, None)
+        if path is not None and not str(path).strip():
+            raise ConfigError(f"model.{name}", path, "unset (null) or an import path pkg.module:function")
+    if model_cfg.name == CUSTOM:
+        return
+    for name in available_backends():
+        path = getattr(model_cfg, name, None)
+        if path:
+            raise ConfigError(
+                f"model.{name}", path, f"unset with model={model_cfg.name} (a factory builds the model of model=custom)"
+            )
+
+
 def custom_model(model_cfg: Any, image_size: int) -> CustomModel:
     """The pair a ``model`` config group names."""
     factories = {name: getattr(model_cfg, name, None) for name in available_backends()}

@@ -25,6 +25,7 @@ from unitrain.data.criteo_files import Standardize
 from unitrain.interface.ps import PsProgram
 from unitrain.train.checkpoint import (
     FORMAT,
+    PS_KIND,
     CheckpointError,
     CheckpointWriteError,
     clean_partial_checkpoints,
@@ -64,7 +65,7 @@ def save(
     final, tmp = root / f"step{step}", root / f".tmp-step{step}-{os.getpid()}"
     meta = {
         "format": FORMAT,
-        "kind": "ps",
+        "kind": PS_KIND,
         "framework": cfg.backend.name,
         "model": cfg.model.name,
         "step": step,
@@ -107,7 +108,7 @@ def find(cfg: Any, run_dir: Path) -> Optional[Resumed]:
     search = [Path.cwd() / "runs", Path.cwd() / "multirun"]
     path = find_checkpoint(spec, search, exclude=run_dir, fits={"framework": cfg.backend.name, "model": cfg.model.name})
     meta = read_meta(path)
-    if meta.get("kind") != "ps":
+    if meta.get("kind") != PS_KIND:
         raise CheckpointError(
             f"trainer.resume={spec!r}: {path} is a collective job's checkpoint; allowed: a parameter-server job's"
         )

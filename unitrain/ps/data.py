@@ -68,11 +68,14 @@ def _files(cfg: Any, index: int, trainers: int, held_out: bool) -> JobData:
     tail = 0 if data.val_path else data.val_samples
     train = data.num_samples if data.num_samples is not None else total - tail
     if train <= 0 or train + tail > total:
+        given = data.num_samples is not None
+        most = total - tail if given else total - 1
         raise ConfigError(
-            "data.num_samples" if data.num_samples is not None else "data.val_samples",
-            data.num_samples if data.num_samples is not None else data.val_samples,
-            f"at most {total - (tail if data.num_samples is not None else 1)}: {data.path} holds {total} rows"
-            + (f" and data.val_samples={tail} of them are held out" if data.num_samples is not None and tail else ""),
+            "data.num_samples" if given else "data.val_samples",
+            data.num_samples if given else data.val_samples,
+            (f"at most {most}: " if most > 0 else "fewer rows: ")
+            + f"{data.path} holds {total} rows"
+            + (f" and data.val_samples={tail} of them are held out" if given and tail else ""),
         )
     standardize = Standardize.of(read_head(parts, min(train, STATS_ROWS), buckets))
     all_shares: List = shares(parts, 0, train, trainers)

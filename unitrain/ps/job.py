@@ -61,9 +61,13 @@ def evaluate(program: PsProgram, rows: CtrData, batch_size: int) -> Dict[str, fl
     probabilities = np.concatenate(
         [program.predict(rows.rows(slice(i, i + batch_size))) for i in range(0, len(rows), batch_size)]
     )
+    # What predicting the held-out rows' positive rate for every row scores: a model worse than
+    # that has learned nothing (too high an lr, most often).
+    base = float(np.mean(rows.label))
     return {
         "val_auc": auc(rows.label, probabilities),
         "val_logloss": log_loss(rows.label, probabilities),
+        "base_rate_logloss": log_loss(rows.label, np.full(len(rows), base)),
         "eval_s": time.perf_counter() - started,
     }
 
@@ -100,6 +104,15 @@ class _Records:
             record["val_auc"],
             record["val_logloss"],
         )
+        if record["val_logloss"] >= record["base_rate_logloss"]:
+            log.warning(
+                "%s held-out log loss %.4f at step %d is no better than predicting the base rate (%.4f): the model "
+                "has not learned; a lower optim.lr trains it",
+                self.role.name,
+                record["val_logloss"],
+                step,
+                record["base_rate_logloss"],
+            )
         self.metrics.append_eval(record)
 
 
@@ -108,6 +121,14 @@ def _steps_per_epoch(cfg: Any, smallest: int) -> int:
     barrier each step, and a trainer with one more batch would wait there for ever."""
     batch_size = cfg.trainer.batch_size
     steps = min(smallest // batch_size, cfg.trainer.steps or smallest)
+    if smallest == 0:
+        trainers = cfg.dist.ps.trainers
+        key, value = (
+            ("data.num_samples", cfg.data.num_samples) if cfg.data.num_samples else ("data.path", cfg.data.path)
+        )
+        raise ConfigError(
+            key, value, f"rows enough for each of the dist.ps.trainers={trainers} trainers (one has none)"
+        )
     if steps == 0:
         raise ConfigError(
             "trainer.batch_size", batch_size, f"at most {smallest}, the rows of the smallest trainer's share"
@@ -270,6 +291,12 @@ def _trainer_result(
     return result
 
 
+def _beats_base_rate(evaluation: Optional[Dict[str, float]]) -> Optional[bool]:
+    if not evaluation or "base_rate_logloss" not in evaluation:
+        return None
+    return evaluation["val_logloss"] < evaluation["base_rate_logloss"]
+
+
 def _mean(values: List[Optional[float]]) -> Optional[float]:
     known = [v for v in values if v is not None]
     return statistics.fmean(known) if known else None
@@ -364,6 +391,8 @@ def summarize(cfg, run_dir: Path, wall: float) -> Optional[Dict[str, Any]]:
         "first_loss": first["first_loss"],
         "final_loss": _mean([r["final_loss"] for r in results]),
         "eval": first["eval"],
+        # False: the held-out log loss is no better than the base rate's (the model learned nothing).
+        "beats_base_rate": _beats_base_rate(first["eval"]),
         "resumed_from": first.get("resumed_from"),
         "observed": first["observed"],
         # What the servers' tables hold at the end (rows created, bytes of rows and their

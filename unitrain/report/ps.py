@@ -16,7 +16,8 @@ SMOOTH = 20  # steps in the plotted moving mean
 
 NOTE = (
     "examples/s: median over steps (the first 2 left out), per trainer and summed over trainers. "
-    "AUC and log loss on held-out rows, evaluated by trainer 0 after every trainer finished. "
+    "AUC and log loss on held-out rows, evaluated by trainer 0 after every trainer finished; a log loss no "
+    "better than predicting the held-out positive rate for every row says so (the model learned nothing). "
     "Table rows: the rows the servers' sparse tables created (an id's row is created when it is first seen). "
     "Peak RSS: each process's own peak resident memory. "
     "Traffic: what the engine reports (Paddle) or unitrain counts on the servers (torch). "
@@ -59,6 +60,16 @@ def _memory(summary: Dict[str, Any]) -> str:
     return f"{listed(memory['server_peak_rss_mb'])} / {listed(memory['trainer_peak_rss_mb'])}"
 
 
+def _log_loss(evaluation: Dict[str, Any]) -> str:
+    if not evaluation:
+        return "n/a"
+    cell = f"{evaluation['val_logloss']:.4f}"
+    base = evaluation.get("base_rate_logloss")
+    if base is not None and evaluation["val_logloss"] >= base:
+        cell += f" (no better than the base rate's {base:.4f})"
+    return cell
+
+
 def rows(found: List[Tuple[Path, Dict[str, Any]]]) -> List[Dict[str, str]]:
     out = []
     for _, s in found:
@@ -74,7 +85,7 @@ def rows(found: List[Tuple[Path, Dict[str, Any]]]) -> List[Dict[str, str]]:
                 "examples/s per trainer": ", ".join(f"{v:.0f}" for v in s["examples_per_s_per_trainer"]),
                 "examples/s total": f"{s['examples_per_s']:.0f}",
                 "held-out AUC": f"{evaluation['val_auc']:.4f}" if evaluation else "n/a",
-                "held-out log loss": f"{evaluation['val_logloss']:.4f}" if evaluation else "n/a",
+                "held-out log loss": _log_loss(evaluation),
                 "train loss first -> last": f"{_loss(s['first_loss'])} -> {_loss(s['final_loss'])}",
                 "optimizer": s.get("optimizer", "n/a"),
                 "table rows": f"{s['tables']['rows']:,}" if s.get("tables") else "n/a",

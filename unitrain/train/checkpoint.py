@@ -11,6 +11,7 @@ replaced (also by rename): a crash mid-write never leaves a half checkpoint as t
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -94,12 +95,15 @@ def save_checkpoint(
         backend.save_training_state(tmp / "training_state", optimizer, {"precision": precision.state_dict()})
         (tmp / "meta.json").write_text(json.dumps(meta, indent=2, default=str))
     except Exception as err:  # noqa: BLE001 - the frameworks' savers raise anything a full disk makes them
+        # Read before the partial checkpoint is removed, which frees what it had taken.
+        free = shutil.disk_usage(root).free if root.is_dir() else None
         shutil.rmtree(tmp, ignore_errors=True)
         why = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
         # torch.save says a full disk in its own words ("unexpected pos ..."): say it plainly.
-        free = shutil.disk_usage(root).free if root.is_dir() else None
-        if free is not None and free < sum(a.nbytes for a in arrays.values()):
-            why = f"the file system is full ({free // 1024} KiB free)"
+        if getattr(err, "errno", None) == errno.ENOSPC or (
+            free is not None and free < max(sum(a.nbytes for a in arrays.values()), 2**20)
+        ):
+            why = f"the disk is full ({(free or 0) // 1024} KiB free on the file system of {root})"
         raise CheckpointWriteError(
             f"the checkpoint of step {step} could not be written into {root}: {why}; {still_latest(run_dir)}"
         ) from None
@@ -229,6 +233,24 @@ def read_meta(path: Path) -> Dict[str, Any]:
     if meta.get("format") != FORMAT:
         raise CheckpointError(
             f"checkpoint {path} has format {meta.get('format')!r}; this unitrain reads format {FORMAT}"
+        )
+    return meta
+
+
+#: meta.json's "kind" in a parameter-server job's checkpoint (unitrain/ps/checkpoint.py).
+PS_KIND = "ps"
+
+
+def read_image_meta(path: Path, command: str) -> Dict[str, Any]:
+    """:func:`read_meta` of an image model's checkpoint, for ``command``; a parameter-server
+    job's checkpoint is refused naming the commands that take it."""
+    meta = read_meta(path)
+    if meta.get("kind") == PS_KIND:
+        raise CheckpointError(
+            f"checkpoint {path} is a parameter-server job's (wide&deep): {command} takes the image models' "
+            "checkpoints; a parameter-server run is exported for serving with python -m unitrain.export "
+            f"{checkpoint_run_dir(path)}, and its export scores Criteo lines with python -m unitrain.infer <export "
+            "directory> --criteo <file>"
         )
     return meta
 

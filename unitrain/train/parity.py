@@ -12,6 +12,7 @@ compared in the canonical layout (PyTorch's names and layouts).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -20,24 +21,29 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import numpy as np
 
-from unitrain.config.schema import ParityConfig
+from unitrain.config.schema import DATASET_NAMES, ParityConfig, TrainerConfig
+from unitrain.config.validation import check_groups, check_image_model, one_of
 from unitrain.data.datasets import build_dataset
 from unitrain.data.sampler import DistributedBatchSampler
 from unitrain.errors import ConfigError
 from unitrain.host import machine
-from unitrain.host.threads import available_cores, export_threads, resolve_threads
+from unitrain.host.memory import check_fits
+from unitrain.host.threads import available_cores, check_loader_workers, export_threads, resolve_threads
 from unitrain.interface.backend import Backend, get_backend
 from unitrain.interface.data import data_module
 from unitrain.interface.models import models_module
 from unitrain.interface.modules import available_backends
 from unitrain.interface.optim import optim_module
 from unitrain.model.build import build_model
-from unitrain.model.custom import CustomModel, model_ref
+from unitrain.model.custom import CustomModel, check_factories, model_ref
 from unitrain.model.pairing import convert_pair
 from unitrain.model.transfer import pair_tables
 from unitrain.model.weights import Arrays, to_canonical
+from unitrain.spec.models import CUSTOM, MODELS
 
 _RUNNING_STATS = (".running_mean", ".running_var")
+#: Steps one parity run compares (the data grows with them).
+MAX_STEPS = 1000
 Outputs = List[Tuple[str, np.ndarray]]
 
 
@@ -150,18 +156,49 @@ def _side(name: str, cfg: ParityConfig, dataset: Any, threads: int) -> Tuple[_Si
 
 def validate(cfg: ParityConfig) -> None:
     """What parity cannot run, or could only report falsely: refused before anything runs."""
-    if cfg.steps <= 0:
-        raise ConfigError("steps", cfg.steps, "a number > 0")
+    if not 0 < cfg.steps <= MAX_STEPS:
+        raise ConfigError("steps", cfg.steps, f"an integer from 1 to {MAX_STEPS} (steps compared one by one)")
     for key, value in (("tolerance", cfg.tolerance), ("activation_tolerance", cfg.activation_tolerance)):
-        if not (math.isfinite(value) and value > 0):
-            raise ConfigError(key, value, "a finite number > 0 (the largest relative difference that passes)")
+        if not (math.isfinite(value) and 0 < value <= 1):
+            # Above 1 a relative difference passes whatever the two computed: a check that cannot fail.
+            raise ConfigError(key, value, "a number in (0, 1] (the largest relative difference that passes)")
+    check_groups(cfg)
+    one_of("data.name", cfg.data.name, DATASET_NAMES)
+    _only_what_parity_reads(cfg)
+    spec = MODELS.get(cfg.model.name) if cfg.model.name in MODELS else None
+    features = spec.feature_dim if spec is not None else None
+    check_fits(cfg.data.image_size, cfg.trainer.batch_size, cfg.data.num_classes, features)
+    check_loader_workers(cfg.data.num_workers)
     if cfg.trainer.batch_size < 2:
         raise ConfigError("trainer.batch_size", cfg.trainer.batch_size, "at least 2 (BatchNorm trains on the batch)")
+    one_of("model.name", cfg.model.name, MODELS.names() + [CUSTOM])
+    check_image_model(cfg.model.name, cfg.data.image_size, cfg.model.freeze_bn)
+    check_factories(cfg.model)
     threads, cores = cfg.trainer.threads, available_cores()
     if threads is not None and not 1 <= threads <= cores:
         raise ConfigError(
             "trainer.threads", threads, f"1 to {cores}, the cores this process may use (or unset: all of them)"
         )
+
+
+#: The trainer keys parity reads; the others would change nothing there.
+_TRAINER_READ = ("seed", "batch_size", "threads")
+
+
+def _only_what_parity_reads(cfg: ParityConfig) -> None:
+    """A trainer setting parity does not read is refused, not silently ignored."""
+    for f in dataclasses.fields(TrainerConfig):
+        if f.name in _TRAINER_READ:
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        value = cfg.trainer[f.name]
+        if value != default and not (isinstance(default, list) and list(value) == default):
+            raise ConfigError(
+                f"trainer.{f.name}",
+                value,
+                f"its default ({default}) with unitrain.parity, which reads trainer.{', trainer.'.join(_TRAINER_READ)} "
+                "only",
+            )
 
 
 def _pair(a: _Side, b: _Side, explicit: Dict[str, str]) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import gc
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,7 @@ from unitrain.config.schema import UnitrainConfig
 from unitrain.data.augment import AugmentedDataset, EpochKeyedBatches
 from unitrain.data.datasets import SampleSet, build_dataset, build_heldout_dataset, guard
 from unitrain.data.sampler import DistributedBatchSampler
-from unitrain.errors import ConfigError, NothingLeftToRun, UnitrainError
+from unitrain.errors import ConfigError, NothingLeftToRun, Refusal, UnitrainError
 from unitrain.host import machine, malloc
 from unitrain.host.memory import is_out_of_memory
 from unitrain.host.threads import export_threads, resolve_threads
@@ -71,13 +72,14 @@ Record = Dict[str, Any]
 Sampler = Union[DistributedBatchSampler, EpochKeyedBatches]
 
 
-def out_of_memory(cfg: UnitrainConfig) -> UnitrainError:
-    """One line for a job that ran out of memory, naming what sizes it."""
+def out_of_memory(cfg: UnitrainConfig) -> Refusal:
+    """One line for a job that ran out of memory, naming what sizes it: a refusal of its sizes on
+    this machine, which leaves nothing behind."""
     size = (
         f"data.image_size={cfg.data.image_size}, trainer.batch_size={cfg.trainer.batch_size}, model={cfg.model.name}, "
         f"data.num_classes={cfg.data.num_classes}"
     )
-    return UnitrainError(f"out of memory ({size}); allowed: a smaller image size, batch, model or number of classes")
+    return Refusal(f"out of memory ({size}); allowed: a smaller image size, batch, model or number of classes")
 
 
 def train(cfg: UnitrainConfig, run_dir: str | Path) -> Dict[str, Any]:
@@ -566,6 +568,7 @@ class Trainer:
         perf = loop.profiler.summary()
         return {
             "unitrain_version": machine.unitrain_version(),
+            "host": socket.gethostname(),  # runs on one host at the same time compete (report.fairness)
             **self.backend.describe(),
             **job.dist.describe(),
             "seed": cfg.trainer.seed,
