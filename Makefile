@@ -77,7 +77,7 @@ run: $(STAMP)
 # JUNIT_DIR: where each pytest run writes a JUnit report (CI: for its list of the slowest tests).
 junit = $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/$(1).xml)
 
-# README's test command: every test not marked slow, under 15 minutes on 2 cores. The slow ones
+# README's test command: every test not marked slow, under 12 minutes on 2 cores. The slow ones
 # (wheel install, multi-process jobs, multi-node hosts, quantization, parameter servers, the benchmark harness) run
 # with `make test-slow`; CI (.ci/run) runs both.
 test: $(STAMP) $(PS_STAMP) fashion-mnist

@@ -44,6 +44,8 @@ def test_a_bad_file_ends_the_run_with_one_line_naming_it(backend, workers, bad, 
         -3000:
     ]
     assert "Traceback" not in result.stderr
+    # A refusal leaves nothing behind: the steps before it are no results (no checkpoint holds them).
+    assert not result.run_dir.exists()
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -69,7 +69,12 @@ def test_parity_refuses_a_tolerance_that_could_only_report_a_false_failure(tmp_p
 
 
 def test_argument_errors_are_one_line_without_a_usage_block(tmp_path):
-    for command in (["unitrain.convert", "x", "--to", "mxnet"], ["unitrain.compare"], ["unitrain.infer"]):
+    for command in (
+        ["unitrain.convert", "x", "--to", "mxnet"],
+        ["unitrain.compare"],
+        ["unitrain.infer"],
+        ["unitrain.infer", "x", "--pairs", "100000"],
+    ):
         proc = subprocess.run([sys.executable, "-m", *command], capture_output=True, text=True, cwd=tmp_path)
         assert proc.returncode == 2
         assert proc.stderr.count("\n") == 1 and "usage:" not in proc.stderr, proc.stderr

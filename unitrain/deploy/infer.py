@@ -64,6 +64,7 @@ def worker(spec_file: str) -> int:
             row["observed"] = runtime.observed()
         except Exception as err:  # noqa: BLE001 - a runtime that fails is a row that says why
             row["error"] = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"[:300]
+            row["not_installed"] = isinstance(err, ImportError)
         rows.append(row)
         print(_row_line(artifact.name, row), flush=True)
     Path(spec["result"]).write_text(json.dumps(rows, default=str))
@@ -213,7 +214,8 @@ def _unreadable(rows: List[Dict[str, Any]]) -> None:
     for row in rows:
         by_artifact.setdefault(row["artifact"], []).append(row)
     for path, tried in by_artifact.items():
-        if all("error" in row for row in tried):
+        # A runtime that is not installed says nothing about the artifact: its row says what to install.
+        if all("error" in row and not row.get("not_installed") for row in tried):
             raise artifacts.ArtifactError(
                 f"{path} could not be read by any runtime ({', '.join(r['runtime'] for r in tried)}): "
                 f"{tried[0]['error']}; allowed: an artifact unitrain.export wrote, whole (export it again into a new "

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from unitrain.deploy import artifacts
-from unitrain.errors import UnitrainError
+from unitrain.errors import BackendUnavailableError
 from unitrain.interface.backend import get_backend
 from unitrain.interface.infer import Runtime, infer_module
 
@@ -39,7 +39,7 @@ def onnx_session(path: Path, threads: Optional[int], optimize: bool = True, opti
     try:
         import onnxruntime as ort
     except ImportError:
-        raise UnitrainError(
+        raise BackendUnavailableError(
             "running ONNX models needs onnxruntime, which is not installed; install it with: pip install "
             "'unitrain[export]'"
         ) from None

@@ -358,6 +358,23 @@ def _trainer_results(cfg, run_dir: Path) -> List[Dict[str, Any]]:
     return results
 
 
+def _job_settings(cfg) -> Dict[str, Any]:
+    """What the summary's table shows of how the job was set."""
+    ps = cfg.dist.ps
+    return {
+        "model": cfg.model.name,
+        "data": cfg.data.name,
+        "mode": "local" if ps.servers == 0 else ps.sync,
+        "servers": ps.servers,
+        "trainers": ps.trainers,
+        "geo_k_steps": ps.geo_k_steps if ps.sync == "geo" and ps.servers else None,
+        "optimizer": cfg.optim.name,
+        "lr": cfg.optim.lr,
+        "batch_size": cfg.trainer.batch_size,
+        "seed": cfg.trainer.seed,
+    }
+
+
 def summarize(cfg, run_dir: Path, wall: float) -> Optional[Dict[str, Any]]:
     """summary.json of the job, from its trainers' results (the main process writes it). Over
     several nodes, each node has its own processes' results: the node of trainer 0, which
@@ -373,16 +390,7 @@ def summarize(cfg, run_dir: Path, wall: float) -> Optional[Dict[str, Any]]:
     summary = {
         "kind": "ps",
         **{key: first[key] for key in ("backend", "framework", "version", "threads")},
-        "model": cfg.model.name,
-        "data": cfg.data.name,
-        "mode": "local" if ps.servers == 0 else ps.sync,
-        "servers": ps.servers,
-        "trainers": ps.trainers,
-        "geo_k_steps": ps.geo_k_steps if ps.sync == "geo" and ps.servers else None,
-        "optimizer": cfg.optim.name,
-        "lr": cfg.optim.lr,
-        "batch_size": cfg.trainer.batch_size,
-        "seed": cfg.trainer.seed,
+        **_job_settings(cfg),
         "rows": sum(r["rows"] for r in results),
         "steps": first["steps"],
         "examples_per_s_per_trainer": [r["examples_per_s"] for r in results],
