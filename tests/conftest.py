@@ -88,6 +88,14 @@ EXACT = ["model.freeze_bn=true", "optim.lr_scaling=keep_global", "trainer.save_f
 DP_JOB = [*FAST, *EXACT, "trainer.steps=4", "trainer.batch_size=16"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def conversion_cache(tmp_path_factory):
+    """Converted models (model.paddle=convert) cached for the session, never in the user's cache."""
+    if "UNITRAIN_CACHE" not in os.environ:
+        os.environ["UNITRAIN_CACHE"] = str(tmp_path_factory.mktemp("unitrain-cache"))
+    return Path(os.environ["UNITRAIN_CACHE"])
+
+
 @pytest.fixture(scope="session")
 def dp_run(tmp_path_factory):
     """``dp_run(backend, processes)``: DP_JOB run once per session on ``processes`` processes of

@@ -26,7 +26,7 @@ BACKENDS = ROOT / "backends"
 #: Modules only one backend has, each explained in docs/architecture.md.
 ONE_BACKEND_ONLY = {"blas": "paddle"}
 #: Backend modules the main process loads: they must not import their framework.
-FRAMEWORK_FREE = ("launch", "validation", "weights")
+FRAMEWORK_FREE = ("launch", "translate", "validation", "weights")
 
 
 def backend_modules(backend: str) -> set:
@@ -84,6 +84,8 @@ def test_each_backend_module_provides_its_protocol_and_nothing_else_in_public(na
                 )
             elif typing.get_origin(expected) is type:
                 assert issubclass(value, typing.get_args(expected)[0]), f"{backend}/{name}.py: {member}"
+            elif typing.get_origin(expected) is typing.Union:  # Optional[...]
+                assert isinstance(value, typing.get_args(expected)), f"{backend}/{name}.py: {member}"
             else:
                 assert isinstance(value, typing.get_origin(expected) or expected), f"{backend}/{name}.py: {member}"
     assert publics[0] == publics[1]

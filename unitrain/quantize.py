@@ -8,6 +8,7 @@ checkpoint in the same runtime; the work is :mod:`unitrain.deploy.quantize`'s.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -33,6 +34,9 @@ def _main(cfg: DictConfig) -> None:
     except UnitrainError as err:
         print(f"unitrain.quantize: error: {err}", file=sys.stderr, flush=True)
         if isinstance(err, Refusal):
+            # What this run made before the refusal (the fp32 export it set the int8 against) goes too.
+            for made in ("fp32", "int8", "qat"):
+                shutil.rmtree(out_dir / made, ignore_errors=True)
             discard_refused(out_dir)
         sys.exit(2)
     print("\n" + markdown(report) + f"\n\n{RESULT}: {out_dir / RESULT}", flush=True)

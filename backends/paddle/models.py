@@ -11,7 +11,7 @@ from paddle.nn import functional as F
 
 from unitrain.spec.models import ResNetSpec, ViTSpec
 
-__all__ = ["build_resnet", "build_vit", "linear_weights"]
+__all__ = ["build_resnet", "build_vit", "is_model", "linear_weights"]
 
 # (place, dtype, layout) -> whether Paddle's batch_norm op there folds in the biased variance.
 _BIASED_VARIANCE: dict = {}
@@ -194,6 +194,10 @@ class ResNet(nn.Layer):
 
 def build_resnet(spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -> ResNet:
     return ResNet(spec, num_classes, zero_init_residual)
+
+
+def is_model(obj: object) -> bool:
+    return isinstance(obj, nn.Layer)
 
 
 def linear_weights(model: nn.Layer) -> list[str]:

@@ -23,10 +23,11 @@ otherwise PIR process:
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Iterable, List, Sequence
+from typing import Callable, Dict, Iterable, Iterator, List, Sequence, Tuple
 
 import numpy as np
 import paddle
@@ -61,12 +62,94 @@ def _files(prefix: Path) -> List[Path]:
     return [prefix.with_name(prefix.name + s) for s in SUFFIXES]
 
 
+def _append(op: str, inputs: Dict[str, object], attrs: Dict[str, object], like) -> object:
+    """``op`` appended to the legacy program being traced (what the API did before 3.x)."""
+    from paddle.base.layer_helper import LayerHelper
+
+    helper = LayerHelper(op)
+    out = helper.create_variable_for_type_inference(like.dtype)
+    helper.append_op(type=op, inputs=inputs, outputs={"Out": out}, attrs=attrs)
+    return out
+
+
+def _unary(op: str) -> Callable:
+    return lambda x, *args, name=None, **kwargs: _append(op, {"X": x}, {}, x)
+
+
+def _matmul(x, y, transpose_x=False, transpose_y=False, name=None):
+    return _append("matmul_v2", {"X": x, "Y": y}, {"trans_x": transpose_x, "trans_y": transpose_y}, x)
+
+
+def _compat_linear(layer, input):
+    # torch's layout ([out, in]) kept by paddle.compat.nn.Linear, which PaConvert writes.
+    out = _matmul(input, layer.weight, transpose_y=True)
+    return out if layer.bias is None else _append("elementwise_add", {"X": out, "Y": layer.bias}, {"axis": -1}, out)
+
+
+def _legacy_versions() -> Dict[Tuple[object, str], Callable]:
+    """Paddle 3.3.1 binds these APIs straight to its new kernels' entry points, which take PIR
+    values only: traced into a legacy program, a model calling them fails (``gelu(): argument
+    must be Value, but got Variable``). Their legacy operators still exist; these append them."""
+    F = paddle.nn.functional
+    return {
+        (F, "gelu"): lambda x, approximate=False, name=None: _append(
+            "gelu", {"X": x}, {"approximate": bool(approximate)}, x
+        ),
+        (F, "sigmoid"): _unary("sigmoid"),
+        (paddle, "sigmoid"): _unary("sigmoid"),
+        (F, "tanh"): _unary("tanh"),
+        (paddle, "tanh"): _unary("tanh"),
+        (paddle, "exp"): _unary("exp"),
+        (paddle, "abs"): _unary("abs"),
+        (F, "softplus"): lambda x, beta=1, threshold=20, name=None: _append(
+            "softplus", {"X": x}, {"beta": float(beta), "threshold": float(threshold)}, x
+        ),
+        (paddle, "matmul"): _matmul,
+        (paddle, "maximum"): lambda x, y, name=None: _append("elementwise_max", {"X": x, "Y": y}, {"axis": -1}, x),
+        (paddle.compat.nn.Linear, "forward"): _compat_linear,
+    }
+
+
+@contextlib.contextmanager
+def legacy_operators() -> Iterator[None]:
+    """While a legacy program is traced, the APIs of :func:`_legacy_versions` append legacy
+    operators; anywhere else (dygraph, PIR) they are Paddle's own."""
+    replaced = _legacy_versions()
+    originals = {key: getattr(*key) for key in replaced}
+
+    def either(key: Tuple[object, str], legacy: Callable) -> Callable:
+        def call(*args, **kwargs):
+            if paddle.in_dynamic_mode() or paddle.framework.in_pir_mode():
+                return originals[key](*args, **kwargs)
+            return legacy(*args, **kwargs)
+
+        return call
+
+    try:
+        for key, legacy in replaced.items():
+            setattr(key[0], key[1], either(key, legacy))
+        yield
+    finally:
+        for key, original in originals.items():
+            setattr(key[0], key[1], original)
+
+
 def _legacy_save(layer: paddle.nn.Layer, prefix: Path, example: np.ndarray) -> List[Path]:
     layer.eval()
-    with OldIrGuard():
+    with OldIrGuard(), legacy_operators():
         paddle.jit.save(layer, str(prefix), input_spec=_spec(example))
     prefix.with_name(prefix.name + ".pdiparams.info").unlink(missing_ok=True)  # only for training restarts
     return _files(prefix)
+
+
+def _quantizable(model: paddle.nn.Layer, per_channel: bool) -> List[str]:
+    """Paddle's per-channel weight scales for a matmul are along the [in, out] layout's out axis:
+    a torch-layout Linear (paddle.compat.nn.Linear, [out, in]) cannot take them, so its matmul
+    stays fp32 there (the report's ``effective`` column shows what ran int8)."""
+    torch_layout = any(isinstance(layer, paddle.compat.nn.Linear) for layer in model.sublayers())
+    if per_channel and torch_layout:
+        return [op for op in QUANTIZABLE if not op.startswith(("mul", "matmul"))]
+    return QUANTIZABLE
 
 
 def _static_ptq(model: paddle.nn.Layer, calibration: List[np.ndarray], stem: Path, per_channel: bool) -> List[Path]:
@@ -85,7 +168,7 @@ def _static_ptq(model: paddle.nn.Layer, calibration: List[np.ndarray], stem: Pat
                     data_loader=lambda: ({"images": b} for b in calibration),
                     batch_nums=len(calibration),
                     algo="abs_max",
-                    quantizable_op_type=QUANTIZABLE,
+                    quantizable_op_type=_quantizable(model, per_channel),
                     weight_quantize_type="channel_wise_abs_max" if per_channel else "abs_max",
                     onnx_format=True,
                 )
@@ -145,6 +228,7 @@ def prepare_qat(model: paddle.nn.Layer, example: np.ndarray, reduce_range: bool)
 
 def save_qat(prepared: paddle.nn.Layer, stem: Path, example: np.ndarray, batches: Sequence[int]) -> Saved:
     prepared.eval()
-    prepared._unitrain_qat.save_quantized_model(prepared, str(stem), input_spec=_spec(example))
+    with legacy_operators():
+        prepared._unitrain_qat.save_quantized_model(prepared, str(stem), input_spec=_spec(example))
     stem.with_name(stem.name + ".pdiparams.info").unlink(missing_ok=True)
     return [(_files(stem), None)]

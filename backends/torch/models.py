@@ -7,7 +7,7 @@ from torch import nn
 
 from unitrain.spec.models import ResNetSpec, ViTSpec
 
-__all__ = ["build_resnet", "build_vit", "linear_weights"]
+__all__ = ["build_resnet", "build_vit", "is_model", "linear_weights"]
 
 
 def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1) -> tuple[nn.Conv2d, nn.BatchNorm2d]:
@@ -116,6 +116,10 @@ class ResNet(nn.Module):
 
 def build_resnet(spec: ResNetSpec, num_classes: int, zero_init_residual: bool) -> ResNet:
     return ResNet(spec, num_classes, zero_init_residual)
+
+
+def is_model(obj: object) -> bool:
+    return isinstance(obj, nn.Module)
 
 
 def linear_weights(model: nn.Module) -> list[str]:

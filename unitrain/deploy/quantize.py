@@ -39,7 +39,7 @@ from unitrain.deploy.export import export
 from unitrain.deploy.infer import Timing, benchmark
 from unitrain.deploy.onnx_quantize import quantize_onnx
 from unitrain.deploy.pairs import MAX_PAIRS, Side, measure_pair
-from unitrain.errors import ConfigError, UnitrainError
+from unitrain.errors import ConfigError, Refusal, UnitrainError
 from unitrain.host.atomic import replace_text
 from unitrain.host.machine import cpu
 from unitrain.interface.backend import Backend, get_backend
@@ -225,9 +225,19 @@ def _post_training(q: Quantization, weights: Arrays, int8_dir: Path) -> Saved:
     model = build_model(q.backend, checkpoint_model(q.meta), q.classes)
     q.backend.load_state_arrays(model, weights)
     print(f"{q.cfg.method} quantization in {q.framework} ...", flush=True)
-    return q.toolkit.save_quantized(
-        model, q.cfg.method, q.calibration, int8_dir / q.stem, q.reduce_range, q.cfg.per_channel, q.cfg.batches
-    )
+    try:
+        return q.toolkit.save_quantized(
+            model, q.cfg.method, q.calibration, int8_dir / q.stem, q.reduce_range, q.cfg.per_channel, q.cfg.batches
+        )
+    except (UnitrainError, MemoryError):
+        raise
+    except Exception as err:  # noqa: BLE001 - a quantizer that cannot take this model: one line
+        said = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise Refusal(
+            f"{q.cfg.method} quantization in {q.framework} ({q.toolkit.QUANTIZER[q.cfg.method]}) failed on this model: "
+            f"{type(err).__name__}: {said[:300]}; allowed: another method or backend (the quantizer names what it "
+            "could not take)"
+        ) from None
 
 
 def _onnx_runtime_row(

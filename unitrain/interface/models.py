@@ -19,6 +19,9 @@ class ModelsModule(Protocol):
     def build_vit(self, spec: ViTSpec, num_classes: int) -> Any:
         """The framework's Vision Transformer for ``spec``, initialised by the framework's own RNG."""
 
+    def is_model(self, obj: Any) -> bool:
+        """Whether ``obj`` is the framework's model type (what a user's factory must return)."""
+
     def linear_weights(self, model: Any) -> List[str]:
         """The state names of ``model``'s Linear weights (the framework's own layer type): the
         2-D weights whose layout differs between frameworks, unlike an embedding's."""

@@ -2,7 +2,7 @@
 
 A backend is a package ``unitrain.backends.<name>`` whose modules carry the names of the
 modules of :mod:`unitrain.interface`, each providing what the same-named interface module's
-Protocol lists. Most of them import their framework; ``launch``, ``validation`` and ``weights``
+Protocol lists. Most of them import their framework; ``launch``, ``translate``, ``validation`` and ``weights``
 do not, so that the main process can start a job, check its config and convert weights
 without loading paddle or torch.
 """

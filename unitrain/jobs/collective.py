@@ -8,8 +8,9 @@ import logging
 import os
 import shlex
 from pathlib import Path
+from typing import Any, Dict
 
-from unitrain.config.schema import DATASET_NAMES, PS_DATASETS, PS_MODELS, UnitrainConfig
+from unitrain.config.schema import DATASET_NAMES, PS_DATASETS, PS_MODELS, ModelInit, UnitrainConfig
 from unitrain.config.validation import check_image_model, one_of
 from unitrain.data.datasets import has_held_out
 from unitrain.errors import ConfigError
@@ -29,9 +30,11 @@ from unitrain.launch.supervise import (
     write_worker_config,
 )
 from unitrain.launch.workers import LogFollower
-from unitrain.model.custom import check_factories
+from unitrain.model.custom import check_factories, custom_model
+from unitrain.model.translate import CONVERT, keep
 from unitrain.spec.models import CUSTOM, MODELS
 from unitrain.train import restarts
+from unitrain.train.parity import check_converted
 from unitrain.train.trainer import train
 
 log = logging.getLogger("unitrain")
@@ -44,6 +47,14 @@ class CollectiveJob:
         one_of("model.name", cfg.model.name, MODELS.names() + [CUSTOM] + list(PS_MODELS))
         check_image_model(cfg.model.name, cfg.data.image_size, cfg.model.freeze_bn)
         check_factories(cfg.model)
+        if cfg.model.name == CUSTOM and cfg.model.mapping and cfg.model.init == ModelInit.shared:
+            raise ConfigError(
+                "model.init",
+                "shared",
+                "framework with model.mapping (shared draws follow each half's own parameter order, which a mapping "
+                "says differs: start one half from the other's checkpoint with trainer.resume, or compare with "
+                "unitrain.parity, which copies the weights through the mapping)",
+            )
         if cfg.dist.interface is not None and cfg.dist.nproc_per_node * cfg.dist.nnodes == 1:
             raise ConfigError(
                 "dist.interface", cfg.dist.interface, "unset with one process (no other process to talk to)"
@@ -87,6 +98,8 @@ class CollectiveJob:
         return Processes(count=count, keys="dist.nproc_per_node", key="dist.nproc_per_node", value=count)
 
     def run(self, cfg: UnitrainConfig, run_dir: Path, fresh_process: bool) -> Summary:
+        if cfg.model.name == CUSTOM and getattr(cfg.model, cfg.backend.name, None) == CONVERT:
+            _keep_converted(cfg, run_dir)
         if cfg.dist.nproc_per_node * cfg.dist.nnodes > 1:
             return launch(cfg, run_dir)
         if fresh_process:
@@ -122,6 +135,29 @@ def launch(cfg: UnitrainConfig, run_dir: Path) -> Summary:
     return finished(run_dir)
 
 
+#: Converted trees whose forward check passed in this process -> the comparison.
+_FORWARD_CHECKED: Dict[Path, Dict[str, Any]] = {}
+
+
+def _keep_converted(cfg: UnitrainConfig, run_dir: Path) -> None:
+    """The run's copy of its converted model, and what the conversion and its check found."""
+    translation = custom_model(cfg.model, cfg.data.image_size).translation(cfg.backend.name)
+    keep(translation, run_dir)
+    found = _FORWARD_CHECKED.get(translation.directory)
+    log.info(
+        "model.%s=convert: %s converted (%d calls, substituted: %s; the code: %s)%s",
+        cfg.backend.name,
+        translation.source.top,
+        translation.converted,
+        ", ".join(f"{k} x{v}" for k, v in translation.substituted.items()) or "none",
+        Path(run_dir) / "converted",
+        f"; from the same weights, {found['layers_compared']} layer outputs within {found['largest']['rel_diff']:.2e} "
+        "of the other half's"
+        if found
+        else "",
+    )
+
+
 def _check_image_folders(cfg: UnitrainConfig) -> None:
     data = cfg.data
     if data.name != "imagefolder":
@@ -137,6 +173,11 @@ def _check_custom(cfg: UnitrainConfig) -> None:
     imports its framework), and the mapping file exists."""
     key = f"model.{cfg.backend.name}"
     path = getattr(cfg.model, cfg.backend.name, None)
+    if path == CONVERT:
+        translation = custom_model(cfg.model, cfg.data.image_size).translation(cfg.backend.name)
+        if translation.directory not in _FORWARD_CHECKED:
+            _FORWARD_CHECKED[translation.directory] = check_converted(cfg, cfg.backend.name)
+        return
     allowed = f"an import path pkg.module:function that builds the {cfg.backend.name} model (model=custom)"
     if not path:
         raise ConfigError(key, path, allowed)

@@ -9,17 +9,21 @@ entry-point form ``pkg.module:function``; both resolve with ``hydra.utils.get_me
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import os
 import sys
+import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
-from hydra.utils import get_method
-
-from unitrain.errors import ConfigError
+from unitrain.errors import ConfigError, UnitrainError
+from unitrain.interface.models import models_module
 from unitrain.interface.modules import available_backends
+from unitrain.interface.translate import translate_module
+from unitrain.model.translate import CONVERT, ConversionRefused, Translation, did_you_mean, find_source, translate
 from unitrain.spec.models import CUSTOM, MODELS, ViTSpec
 
 
@@ -43,9 +47,10 @@ class CustomModel:
     def build(self, backend: str, num_classes: int) -> Any:
         """The user's ``backend`` model for this data."""
         path = self.factory_path(backend)
-        factory = _resolve(f"model.{backend}", path)
+        factory = self.translation(backend).factory() if path == CONVERT else _resolve(f"model.{backend}", path)
+        arguments = {"num_classes": num_classes, "image_size": self.image_size, **dict(self.kwargs)}
         try:
-            return factory(num_classes=num_classes, image_size=self.image_size, **dict(self.kwargs))
+            inspect.signature(factory).bind(**arguments)
         except TypeError as err:
             raise ConfigError(
                 f"model.{backend}",
@@ -53,6 +58,32 @@ class CustomModel:
                 f"a factory taking num_classes=, image_size= and model.kwargs ({', '.join(self.kwargs) or 'none'}); "
                 f"it says: {err}",
             ) from None
+        except ValueError:  # no signature to read (a builtin): let the call say
+            pass
+        try:
+            model = factory(**arguments)
+        except (UnitrainError, MemoryError):
+            raise
+        except Exception as err:  # noqa: BLE001 - the user's code failing: one line that says where
+            said = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+            if path == CONVERT:
+                raise ConversionRefused(
+                    f"model.{backend}=convert: building the converted model failed at {_where(err)}: {said}; "
+                    f"allowed: code that converts to calls {backend} takes, or a {backend} half of your own"
+                ) from None
+            raise ConfigError(
+                f"model.{backend}", path, f"a factory that builds the model; it failed at {_where(err)}: {said}"
+            ) from None
+        check_model(backend, path, model)
+        return model
+
+    def translation(self, backend: str) -> Translation:
+        """``model.<backend>=convert``: the other half's code, converted (cached)."""
+        source = translate_module(backend).SOURCE
+        path = self.factories.get(source) if source else None
+        if not path or path == CONVERT:
+            raise ConfigError(f"model.{backend}", CONVERT, _convert_allowed(backend, source))
+        return translate(find_source(f"model.{source}", path), backend)
 
     def explicit_mapping(self) -> Dict[str, str]:
         """The user's mapping file, or {}."""
@@ -76,26 +107,65 @@ class CustomModel:
         }
 
 
+def _where(err: BaseException) -> str:
+    """The last line of the user's (converted) code a failure passed through."""
+    frames = traceback.extract_tb(err.__traceback__)
+    own = [f for f in frames if "unitrain_converted_" in f.filename] or frames
+    last = own[-1]
+    return f"{Path(last.filename).name}:{last.lineno} ({(last.line or '').strip()})"
+
+
+def check_model(backend: str, path: str, model: Any) -> None:
+    """What a factory returns is the framework's model, or the job stops in one line."""
+    if not models_module(backend).is_model(model):
+        raise ConfigError(
+            f"model.{backend}",
+            path,
+            f"a factory that returns a {backend} model (it returned {type(model).__module__}.{type(model).__name__})",
+        )
+
+
 def _resolve(key: str, path: str) -> Any:
     # The launchers start workers by script path, which puts the script's folder first on
     # sys.path, not the folder the user ran the command from, where their package lives.
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
+    module_name, _, function = path.partition(":") if ":" in path else path.rpartition(".")
+    allowed = "an importable function (pkg.module:function)"
+    if not module_name or not function:
+        raise ConfigError(key, path, allowed)
     try:
-        return get_method(path.replace(":", "."))
-    except Exception as err:  # noqa: BLE001 - Hydra wraps every import failure in its own kinds
-        why = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise ConfigError(key, path, f"an importable function (pkg.module:function); {why}") from None
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        raise ConfigError(key, path, f"{allowed}; no module {err.name!r} on the path") from None
+    except Exception as err:  # noqa: BLE001 - the user's module failing on import: one line that says where
+        raise ConfigError(key, path, f"{allowed}; importing {module_name} failed at {_where(err)}: {err}") from None
+    factory = getattr(module, function, None)
+    if not callable(factory):
+        raise ConfigError(key, path, f"{allowed}; {module_name}{did_you_mean(function, dir(module))}")
+    return factory
+
+
+def _convert_allowed(backend: str, source: Optional[str]) -> str:
+    if source is None:
+        return f"an import path pkg.module:function of your {backend} model (no converter writes {backend} code)"
+    return f"convert with model.{source}=pkg.module:function naming the {source} model to convert"
 
 
 def check_factories(model_cfg: Any) -> None:
     """A factory (model.<backend>) only with model=custom, where it builds the model; with a
-    built-in model it would be read by nothing."""
+    built-in model it would be read by nothing. ``convert`` only where the backend converts the
+    other half's code, and that half is named."""
     for name in available_backends():
         path = getattr(model_cfg, name, None)
         if path is not None and not str(path).strip():
             raise ConfigError(f"model.{name}", path, "unset (null) or an import path pkg.module:function")
     if model_cfg.name == CUSTOM:
+        for name in available_backends():
+            if getattr(model_cfg, name, None) == CONVERT:
+                source = translate_module(name).SOURCE
+                if not source or getattr(model_cfg, source, None) in (None, CONVERT):
+                    raise ConfigError(f"model.{name}", CONVERT, _convert_allowed(name, source))
         return
     for name in available_backends():
         path = getattr(model_cfg, name, None)

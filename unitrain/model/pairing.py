@@ -21,7 +21,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from unitrain.errors import UnitrainError
+from unitrain.errors import Refusal
 from unitrain.interface.weights import weights_module
 from unitrain.spec.initial_weights import generic_init
 
@@ -30,8 +30,8 @@ Arrays = Dict[str, np.ndarray]
 _COUNTERS = (".num_batches_tracked",)
 
 
-class PairingError(UnitrainError):
-    """Two parameter lists that cannot be matched one to one."""
+class PairingError(Refusal):
+    """Two parameter lists that cannot be matched one to one: refused, nothing is left behind."""
 
     exit_code = 2
 
@@ -70,9 +70,17 @@ def match(source: List[Param], target: List[Param], explicit: Optional[Mapping[s
     pairs: Dict[str, str] = {}
     target_names = {p.name for p in target}
     for a, b in explicit.items():  # either way round: {paddle name: torch name} or the reverse
-        for s_name, t_name in ((a, b), (b, a)):
-            if s_name in by_name and t_name in target_names:
-                pairs[t_name] = s_name
+        found = [
+            (s_name, t_name) for s_name, t_name in ((a, b), (b, a)) if s_name in by_name and t_name in target_names
+        ]
+        if not found:
+            raise PairingError(
+                f"model.mapping pairs {a!r} with {b!r}, but the two models do not hold that pair of parameters; "
+                "allowed: names as each framework's state names them (the first is e.g. "
+                f"{next(iter(by_name), '?')!r})"
+            )
+        for s_name, t_name in found:
+            pairs[t_name] = s_name
     rest_s = [p for p in source if p.name not in pairs.values()]
     rest_t = [p for p in target if p.name not in pairs]
     if {p.canonical for p in rest_s} == {p.canonical for p in rest_t}:

@@ -58,8 +58,15 @@ def format_table(report: Dict[str, Any]) -> str:
         )
         + f"; largest {a['largest']['layer']} ({a['largest']['rel_diff']:.2e})"
     )
+    if a.get("layers_unpaired") or not a["layers_compared"]:
+        lines.append(
+            f"NOT COMPARED: {a.get('layers_unpaired', 0)} layer output(s) without a counterpart in the other half "
+            f"(first: {a.get('first_unpaired')}); the halves differ in which layers they have (a module on one side, "
+            "a function call on the other): make them match, or the comparison passes nothing"
+        )
     lines.append(f"CPU: {machine.describe_cpu(report['cpu'], report['kernel_env'])}")
-    verdict = "within" if report["passed"] else "BEYOND"
+    within = max(report["max_rel_loss_diff"], report["max_running_stat_rel_diff"]) <= report["tolerance"]
+    verdict = "within" if within else "BEYOND"
     lines.append(
         f"max relative loss difference {report['max_rel_loss_diff']:.2e}, BatchNorm running statistics "
         f"{report['max_running_stat_rel_diff']:.2e}: {verdict} tolerance {report['tolerance']:g}"

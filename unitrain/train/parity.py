@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from unitrain.config.schema import DATASET_NAMES, ParityConfig, TrainerConfig
 from unitrain.config.validation import check_groups, check_image_model, one_of
@@ -34,10 +35,12 @@ from unitrain.interface.data import data_module
 from unitrain.interface.models import models_module
 from unitrain.interface.modules import available_backends
 from unitrain.interface.optim import optim_module
+from unitrain.interface.translate import translate_module
 from unitrain.model.build import build_model
 from unitrain.model.custom import CustomModel, check_factories, model_ref
 from unitrain.model.pairing import convert_pair
 from unitrain.model.transfer import pair_tables
+from unitrain.model.translate import ConversionRefused
 from unitrain.model.weights import Arrays, to_canonical
 from unitrain.spec.models import CUSTOM, MODELS
 
@@ -52,9 +55,19 @@ def _rel(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def running_stat_diff(state: Arrays, reference: Arrays) -> float:
-    """Largest relative difference of BatchNorm running mean or variance (canonical names)."""
+    """Largest relative difference of BatchNorm running mean or variance (canonical names). A
+    mean is set against its channels' spread as well as its own size: a BatchNorm after a linear
+    layer of zero-mean channels tracks means of about 1e-9, whose last bits are no difference."""
+
+    def scale(name: str) -> float:
+        size = float(np.max(np.abs(reference[name])))
+        if name.endswith(".running_mean"):
+            var = reference.get(name[: -len(".running_mean")] + ".running_var")
+            size = max(size, float(np.sqrt(np.max(var)))) if var is not None else size
+        return size + 1e-12
+
     names = [k for k in reference if k.endswith(_RUNNING_STATS)]
-    return max((_rel(state[k], reference[k]) for k in names), default=0.0)
+    return max((float(np.max(np.abs(state[k] - reference[k]))) / scale(k) for k in names), default=0.0)
 
 
 def parameter_diff(state: Arrays, reference: Arrays) -> float:
@@ -72,16 +85,24 @@ def _numbered(outputs: Outputs) -> Iterator[Tuple[str, np.ndarray]]:
         yield (f"{name}#{seen[name]}" if seen[name] > 1 else name), out
 
 
-def first_divergence(outputs: Outputs, reference: Outputs, tolerance: float) -> Dict[str, Any]:
-    """Compare layer outputs in execution order; the first beyond ``tolerance``, and the worst."""
+def first_divergence(
+    outputs: Outputs, reference: Outputs, tolerance: float, in_both: Callable[[str], bool] = lambda name: False
+) -> Dict[str, Any]:
+    """Compare layer outputs in execution order; the first beyond ``tolerance``, the worst, and
+    how many outputs found no counterpart: a layer one half has and the other computes as a
+    function (``F.gelu`` against ``nn.GELU``), which the comparison must not pass over in
+    silence. A layer ``in_both`` halves that only one of them calls as a layer (torch's
+    MultiheadAttention reads its out_proj's weights without calling it) is not such a case."""
     expected = dict(_numbered(reference))
     compared, first, worst = 0, None, {"layer": None, "rel_diff": 0.0}
     numbered = list(_numbered(outputs))
     if expected.keys() != {name for name, _ in numbered} and len(numbered) == len(expected):
         # A user's pair names its layers its own way on each side: pair them in execution order.
         expected = {name: out for (name, _), (_, out) in zip(numbered, reference)}
+    unpaired = []
     for name, out in numbered:
         if name not in expected or expected[name].shape != out.shape:
+            unpaired.append(name)
             continue
         rel = _rel(out, expected[name])
         compared += 1
@@ -89,7 +110,27 @@ def first_divergence(outputs: Outputs, reference: Outputs, tolerance: float) -> 
             worst = {"layer": name, "rel_diff": rel}
         if first is None and rel > tolerance:
             first = {"layer": name, "rel_diff": rel}
-    return {"layers_compared": compared, "first_beyond_tolerance": first, "largest": worst}
+    paired = {name for name, _ in numbered} - set(unpaired)
+    unpaired += [name for name in expected if name not in paired]
+    unpaired = [name for name in unpaired if not in_both(name.split("#")[0])]
+    return {
+        "layers_compared": compared,
+        "layers_unpaired": len(unpaired),
+        "first_unpaired": unpaired[0] if unpaired else None,
+        "first_beyond_tolerance": first,
+        "largest": worst,
+    }
+
+
+def _layers_in_both(a: "_Side", b: "_Side") -> Callable[[str], bool]:
+    """Whether a layer of that name holds parameters in both halves."""
+    owners = [{name.rpartition(".")[0] for name in side.backend.state_arrays(side.model)} for side in (a, b)]
+    return lambda layer: all(layer in names for names in owners)
+
+
+def activations_pass(activations: Dict[str, Any]) -> bool:
+    """Every layer output paired and compared: a comparison of none passes nothing."""
+    return activations["layers_compared"] > 0 and not activations["layers_unpaired"]
 
 
 @dataclass(kw_only=True)
@@ -241,7 +282,7 @@ def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
         )
     worst = max(r["rel_diff"] for r in records)
     worst_stats = max(r["running_stat_rel_diff"] for r in records)
-    activations = first_divergence(a.outputs, b.outputs, cfg.activation_tolerance)
+    activations = first_divergence(a.outputs, b.outputs, cfg.activation_tolerance, _layers_in_both(a, b))
     report = {
         "frameworks": [a.name, b.name],
         "model": cfg.model.name,
@@ -259,9 +300,61 @@ def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
         "tolerance": cfg.tolerance,
         "max_rel_loss_diff": worst,
         "max_running_stat_rel_diff": worst_stats,
-        "passed": worst <= cfg.tolerance and worst_stats <= cfg.tolerance,
+        "passed": worst <= cfg.tolerance and worst_stats <= cfg.tolerance and activations_pass(activations),
         "first_batch_activations": activations | {"tolerance": cfg.activation_tolerance},
         "per_step": records,
     }
     (out_dir / "parity.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
+
+
+#: Layer outputs of a converted half and its source, from the same weights, that pass.
+CONVERTED_TOLERANCE = 1e-4
+
+
+def _evaluate(side: _Side) -> float:
+    images, labels = next(side.batches)
+    side.model.eval()
+    with side.backend.capture_outputs(side.model) as side.outputs:
+        loss = side.backend.loss(side.model(images), labels)
+    return float(side.backend.to_numpy(loss))
+
+
+def check_converted(cfg: Any, backend: str) -> Dict[str, Any]:
+    """``model.<backend>=convert``: the converted half and the half it came from, given the
+    same weights, compute the same outputs on one batch in evaluation mode, layer by layer; otherwise the job stops
+    in one line naming the first layer that differs. Returns the comparison."""
+    check = OmegaConf.merge(
+        OmegaConf.structured(ParityConfig),
+        {
+            "model": OmegaConf.to_container(cfg.model, resolve=True),
+            "data": {"name": "synthetic", "image_size": cfg.data.image_size, "num_classes": cfg.data.num_classes or 10},
+            "trainer": {"batch_size": 4, "seed": cfg.trainer.seed},
+            "steps": 1,
+        },
+    )
+    dataset = build_dataset(check.data, default_size=4, seed=check.trainer.seed)
+    threads = resolve_threads(cfg.trainer.threads)
+    converted, _ = _side(backend, check, dataset, threads)
+    source_name = translate_module(backend).SOURCE
+    source, _ = _side(source_name, check, dataset, threads)
+    _pair(converted, source, model_ref(check).explicit_mapping())
+    # In evaluation mode: what dropout draws differs between the frameworks' generators.
+    losses = [_evaluate(side) for side in (converted, source)]
+    found = first_divergence(converted.outputs, source.outputs, CONVERTED_TOLERANCE, _layers_in_both(converted, source))
+    loss_diff = abs(losses[0] - losses[1]) / max(abs(losses[1]), 1e-12)
+    where = f"model.{backend}=convert: from the same weights, on one batch,"
+    if found["first_beyond_tolerance"]:
+        first = found["first_beyond_tolerance"]
+        raise ConversionRefused(
+            f"{where} the converted half's {first['layer']} differs from the {source_name} half's by "
+            f"{first['rel_diff']:.2e} (relative; at most {CONVERTED_TOLERANCE:g} passes); allowed: a model whose "
+            f"conversion computes the same (see docs/models.md), or a {backend} half of your own"
+        )
+    if not activations_pass(found) or loss_diff > CONVERTED_TOLERANCE:
+        raise ConversionRefused(
+            f"{where} the halves' losses differ by {loss_diff:.2e} (relative) and {found['layers_unpaired']} layer "
+            f"output(s) have no counterpart (first: {found['first_unpaired']}); allowed: a model whose conversion "
+            f"computes the same (see docs/models.md), or a {backend} half of your own"
+        )
+    return found | {"loss_rel_diff": loss_diff}

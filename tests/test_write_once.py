@@ -1,0 +1,310 @@
+"""Write it once: a model written in plain PyTorch (examples/gallery) trains and compares on Paddle
+too, its Paddle half converted by PaConvert (``model.paddle=convert``) and checked."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import refusal, run_unitrain
+
+GALLERY = Path(__file__).resolve().parents[1] / "examples" / "gallery"
+IMAGE_MODELS = ["convmixer", "mobilenetv2", "vit", "unet", "mlp_mixer", "resnet18"]
+TEXT = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+
+
+def converted(name: str) -> str:
+    return f"model.torch=gallery.{name}:build"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    """A user's folder: the gallery package, and a package of models that do not convert."""
+    root = tmp_path_factory.mktemp("write-once")
+    shutil.copytree(GALLERY, root / "gallery", ignore=shutil.ignore_patterns("__pycache__"))
+    bad = root / "bad_nets"
+    bad.mkdir()
+    (bad / "__init__.py").write_text("")
+    head = "import torch\nimport torch.nn as nn\n\n\nclass Net(nn.Module):\n    def __init__(self, n):\n"
+    head += "        super().__init__()\n        self.fc = nn.Linear(3, n)\n        self.head = nn.Linear(n, n)\n\n"
+    forward = {
+        "unconverted": "        x = torch._foreach_add([x.mean((2, 3))], 1)[0]\n"
+        "        torch.nn.utils.parametrize.is_parametrized(self.fc)\n        return self.head(self.fc(x))\n",
+        "missing": "        return self.head(self.fc(torch.special.i0(x.mean((2, 3)))))\n",
+        "noisy": "        h = self.fc(x.mean((2, 3)))\n        return self.head(h + torch.randn_like(h))\n",
+    }
+    for name, body in forward.items():
+        factory = "\n\ndef build(num_classes, image_size):\n    return Net(num_classes)\n"
+        (bad / f"{name}.py").write_text(head + "    def forward(self, x):\n" + body + factory)
+    (bad / "not_a_model.py").write_text("def build(num_classes, image_size):\n    return [num_classes]\n")
+    return root
+
+
+@pytest.fixture
+def in_project(project, monkeypatch):
+    monkeypatch.chdir(project)
+    monkeypatch.syspath_prepend(str(project))
+    return project
+
+
+def _parity(name: str, steps: int = 5):
+    from hydra import compose, initialize_config_module
+
+    from unitrain.config.schema import register_configs
+    from unitrain.train.parity import run_parity
+
+    register_configs()
+    with initialize_config_module("unitrain.conf", version_base=None):
+        cfg = compose(
+            "parity",
+            overrides=[
+                "model=custom",
+                converted(name),
+                "model.paddle=convert",
+                "data.image_size=16",
+                f"steps={steps}",
+                # A smaller lr than the ResNets' recipe: the torch-style ResNet18 and MobileNetV2
+                # amplify a 1e-7 change of their weights 1000-fold in 5 steps at 0.02, in torch alone.
+                "optim.lr=0.001",
+                "trainer.batch_size=16",
+                "trainer.threads=2",
+            ],
+        )
+    out = Path.cwd() / f"parity-{name}"
+    out.mkdir(exist_ok=True)
+    return cfg, run_parity(cfg, out)
+
+
+@pytest.mark.parametrize("name", IMAGE_MODELS)
+def test_a_gallery_model_converts_whole_and_trains_alike_on_both_frameworks(in_project, name):
+    from unitrain.model.custom import custom_model
+    from unitrain.train.parity import check_converted
+
+    cfg, report = _parity(name)
+    translation = custom_model(cfg.model, 16).translation("paddle")
+    per_file = json.loads((translation.directory / "translation.json").read_text())["per_file"]
+    assert translation.unconverted == [] and per_file[f"gallery/{name}.py"]["converted"] > 0
+    # The forward pass from the same weights, layer by layer in evaluation mode.
+    forward = check_converted(cfg, "paddle")
+    assert forward["layers_compared"] > 0 and forward["layers_unpaired"] == 0
+    assert forward["loss_rel_diff"] <= 1e-5 and forward["largest"]["rel_diff"] <= 1e-4
+    # Five training steps from the same weights on the same batches.
+    activations = report["first_batch_activations"]
+    assert activations["layers_compared"] > 0 and activations["layers_unpaired"] == 0
+    assert report["max_rel_loss_diff"] <= 1e-4 and report["passed"], report["per_step"]
+
+
+def _text_pair(name: str, **kwargs):
+    """The torch model and its converted Paddle half with the torch weights (the same names)."""
+    import paddle
+    import torch
+
+    from unitrain.model.translate import find_source, translate
+
+    torch.manual_seed(0)
+    module = importlib.import_module(f"gallery.{name}")
+    torch_model = module.build(**kwargs)
+    paddle_model = translate(find_source("model.torch", f"gallery.{name}:build"), "paddle").factory()(**kwargs)
+    state = {k: v.detach().numpy() for k, v in torch_model.state_dict().items()}
+    mine = paddle_model.state_dict()
+    shared = [k for k in mine if k in state]
+    # Paddle's RNN layers keep each weight twice (flat and per cell, one storage): the flat
+    # names are torch's.
+    assert set(state) <= set(mine) and all(tuple(mine[k].shape) == state[k].shape for k in shared)
+    paddle_model.set_state_dict({k: paddle.to_tensor(state[k]) for k in shared})
+    return torch_model, paddle_model
+
+
+def _train_alike(torch_model, paddle_model, batches, loss_of, steps: int = 5) -> float:
+    """The largest relative loss difference over ``steps`` SGD steps on the same batches."""
+    import paddle
+    import torch
+
+    t_opt = torch.optim.SGD(torch_model.parameters(), lr=0.05)
+    p_opt = paddle.optimizer.SGD(learning_rate=0.05, parameters=paddle_model.parameters())
+    worst = 0.0
+    for inputs, targets in batches[:steps]:
+        t_loss = loss_of(torch_model(torch.from_numpy(inputs)), torch.from_numpy(targets), torch)
+        p_loss = loss_of(paddle_model(paddle.to_tensor(inputs)), paddle.to_tensor(targets), paddle)
+        t_loss.backward(), p_loss.backward()
+        t_opt.step(), p_opt.step()
+        t_opt.zero_grad(), p_opt.clear_grad()
+        worst = max(worst, abs(float(t_loss) - float(p_loss)) / abs(float(t_loss)))
+    return worst
+
+
+def _cross_entropy(logits, targets, framework):
+    if framework.__name__ == "torch":
+        return framework.nn.functional.cross_entropy(logits.reshape([-1, logits.shape[-1]]), targets.reshape([-1]))
+    return framework.nn.functional.cross_entropy(logits.reshape([-1, logits.shape[-1]]), targets.reshape([-1]))
+
+
+def test_a_character_language_model_with_tied_weights_trains_alike_on_a_text_file(in_project):
+    import paddle
+    import torch
+
+    chars = sorted(set(TEXT))
+    ids = np.array([chars.index(c) for c in TEXT], dtype=np.int64)
+    torch_model, paddle_model = _text_pair("char_lm", vocab_size=len(chars), block_size=32)
+    assert paddle_model.head.weight is paddle_model.tok_emb.weight  # tied, as in torch
+    rng = np.random.default_rng(0)
+    batches = []
+    for _ in range(5):
+        starts = rng.integers(0, len(ids) - 33, 8)
+        batches.append((np.stack([ids[s : s + 32] for s in starts]), np.stack([ids[s + 1 : s + 33] for s in starts])))
+    torch_model.eval(), paddle_model.eval()
+    a = torch_model(torch.from_numpy(batches[0][0])).detach().numpy()
+    b = paddle_model(paddle.to_tensor(batches[0][0])).numpy()
+    assert np.max(np.abs(a - b)) / np.max(np.abs(a)) <= 1e-5
+    torch_model.train(), paddle_model.train()
+    assert _train_alike(torch_model, paddle_model, batches, _cross_entropy) <= 1e-4
+
+
+def test_an_lstm_gru_text_classifier_trains_alike(in_project):
+    import paddle
+    import torch
+
+    torch_model, paddle_model = _text_pair("rnn_classifier", vocab_size=50, num_classes=4)
+    rng = np.random.default_rng(0)
+    batches = [(rng.integers(0, 50, (8, 12)), rng.integers(0, 4, 8)) for _ in range(5)]
+    a = torch_model(torch.from_numpy(batches[0][0])).detach().numpy()
+    b = paddle_model(paddle.to_tensor(batches[0][0])).numpy()
+    assert np.max(np.abs(a - b)) / np.max(np.abs(a)) <= 1e-5
+    assert _train_alike(torch_model, paddle_model, batches, _cross_entropy) <= 1e-4
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (
+            ["model.torch=bad_nets.unconverted:build"],
+            "model.paddle=convert: torch._foreach_add at bad_nets/unconverted.py:12 did not convert, nor 1 other "
+            "call(s)",
+        ),
+        (
+            ["model.torch=bad_nets.missing:build"],
+            "model.paddle=convert: the converted bad_nets/missing.py uses paddle.special.i0, which the installed "
+            "paddle does not have",
+        ),
+        (
+            ["model.torch=bad_nets.noisy:build"],
+            "model.paddle=convert: from the same weights, on one batch, the converted half's head differs from the "
+            "torch half's",
+        ),
+        (
+            ["model.torch=bad_nets.not_a_model:build"],
+            "model.paddle='convert' is not allowed: a factory that returns a paddle model (it returned builtins.list)",
+        ),
+        (
+            ["model.torch=gallery.vit:buld"],
+            "model.torch='gallery.vit:buld' is not allowed: a function of gallery.vit (no 'buld' there; did you mean "
+            "'build'?)",
+        ),
+        (["model.torch=null"], "model.paddle='convert' is not allowed: convert with model.torch=pkg.module:function"),
+        (
+            ["model.torch=gallery.nope:build"],
+            "model.torch='gallery.nope:build' is not allowed: an import path pkg.module:function of your model's "
+            "factory",
+        ),
+    ],
+    ids=["unconverted call", "name paddle lacks", "computes otherwise", "not a model", "typo", "nothing", "no module"],
+)
+def test_what_does_not_convert_is_one_line_before_anything_runs(in_project, tmp_path, args, expected):
+    said = refusal(["backend=paddle", "model=custom", "model.paddle=convert", *args], tmp_path)
+    assert said is not None and said.startswith(f"unitrain: error: {expected}"), said
+    assert "\n" not in said and not (tmp_path / "run").exists()
+
+
+def test_shared_initial_weights_refuse_a_mapping_they_would_ignore(in_project, tmp_path):
+    mapping = tmp_path / "pairs.json"
+    mapping.write_text('{"fc.weight": "hidden.weight"}')
+    args = ["backend=torch", "model=custom", converted("vit"), "model.paddle=convert", "model.init=shared"]
+    said = refusal([*args, f"model.mapping={mapping}"], tmp_path)
+    assert said.startswith("unitrain: error: model.init='shared' is not allowed: framework with model.mapping")
+
+
+def test_torch_is_never_the_converted_half(in_project, tmp_path):
+    said = refusal(["backend=torch", "model=custom", "model.torch=convert", "model.paddle=gallery.vit:build"], tmp_path)
+    assert said == (
+        "unitrain: error: model.torch='convert' is not allowed: an import path pkg.module:function of your torch "
+        "model (no converter writes torch code)"
+    )
+
+
+def test_parity_fails_when_layer_outputs_cannot_be_paired(tmp_path):
+    from unitrain.train.parity import activations_pass, first_divergence
+
+    ones = np.ones((2, 3), np.float32)
+    # One half calls GELU as a layer, the other as a function: nothing of it is compared.
+    found = first_divergence([("fc", ones), ("act", ones)], [("fc", ones)], 1e-4)
+    assert found["layers_unpaired"] == 1 and found["first_unpaired"] == "act" and not activations_pass(found)
+    assert activations_pass(first_divergence([("fc", ones)], [("fc", ones)], 1e-4))
+
+
+@pytest.mark.slow
+def test_one_pytorch_file_trains_on_both_frameworks_and_every_capability_takes_it(project, tmp_path):
+    """The comparison, shared initial weights, the converted code kept, a Paddle checkpoint resumed
+    in torch, export, and dynamic quantization in Paddle (functional GELU included)."""
+    root = tmp_path / "user"
+    shutil.copytree(project, root)
+    model = ["model=custom", converted("convmixer"), "model.paddle=convert", "model.init=shared"]
+    job = [*model, "data.image_size=16", "trainer.batch_size=8", "trainer.threads=2", "trainer.progress=false"]
+    both = run_unitrain(["-m", "backend=paddle,torch", *job, "trainer.steps=4", "trainer.checkpoint_every=4"], root)
+    assert both.returncode == 0, both.stderr[-2000:]
+    runs = {p.name.split("_")[1]: p for p in (root / "multirun").iterdir() if (p / "summary.json").exists()}
+    assert set(runs) >= {"paddle", "torch"}
+    first = [json.loads((runs[b] / "metrics.jsonl").read_text().splitlines()[0])["loss"] for b in ("paddle", "torch")]
+    assert abs(first[0] - first[1]) <= 1e-5 * abs(first[1])
+    kept = runs["paddle"] / "converted"
+    assert (kept / "translation.json").exists() and list(kept.rglob("convmixer.py"))
+    shutil.copytree(project, root / "r")  # another folder of the user's with the same package
+    resumed = run_unitrain(["backend=torch", *job, "trainer.steps=6", f"trainer.resume={runs['paddle']}"], root / "r")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert resumed.summary()["steps"] == 6
+    export = run_unitrain_module(root, "unitrain.export", str(runs["paddle"]), "--format", "native,onnx")
+    assert export.returncode == 0, export.stderr[-2000:]
+    quantized = run_unitrain_module(
+        root,
+        "unitrain.quantize",
+        str(runs["paddle"]),
+        "method=dynamic",
+        "backend=paddle",
+        f"hydra.run.dir={root / 'q'}",
+    )
+    assert quantized.returncode == 0, quantized.stderr[-2000:]
+    rows = json.loads((root / "q" / "quantize.json").read_text())["rows"]
+    assert any(r["precision"] == "dynamic" and not r["effective"].startswith("FAILED") for r in rows)
+
+
+def run_unitrain_module(cwd: Path, module: str, *args: str):
+    import subprocess
+
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["convmixer", "vit"])
+def test_a_converted_model_trains_data_parallel_with_amp_and_resumes(project, tmp_path, name):
+    from unitrain.host.ports import free_port
+
+    root = tmp_path / "user"
+    shutil.copytree(project, root)
+    job = ["backend=paddle", "model=custom", converted(name), "model.paddle=convert", "data.image_size=16"]
+    job += ["trainer.batch_size=8", "trainer.threads=1", "trainer.progress=false", "amp=O1"]
+    job += ["dist.nproc_per_node=2", "trainer.checkpoint_every=2"]
+    first = run_unitrain([*job, "trainer.steps=2", f"dist.master_port={free_port()}"], root)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert first.summary()["world_size"] == 2 and (first.run_dir / "converted").is_dir()
+    shutil.copytree(project, root / "again")
+    resumed = run_unitrain(
+        [*job, "trainer.steps=4", f"trainer.resume={first.run_dir}", f"dist.master_port={free_port()}"], root / "again"
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    # The resumed run keeps the first run's steps and adds its own.
+    assert [r["step"] for r in resumed.metrics()] == [1, 2, 3, 4] and resumed.summary()["steps"] == 4

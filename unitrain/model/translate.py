@@ -1,0 +1,307 @@
+"""``model.<backend>=convert``: that half of a user's model converted from the other half's code.
+
+The user names one factory (``model=custom model.torch=my_pkg.nets:build model.paddle=convert``).
+The factory's top-level package (or its single module) is the user's own code: every Python file
+of it is converted by the backend's translate module (PaConvert for Paddle), its imports of itself
+point at the converted copy, and the copy is imported under a name of its own, so both halves
+live in one process. The converted tree is cached by a hash of the sources, the converter's
+version and unitrain's (``UNITRAIN_CACHE``, else ``$XDG_CACHE_HOME/unitrain``, else
+``~/.cache/unitrain``), and each run keeps a copy (``converted/`` in its run directory).
+
+Nothing converts silently in part: a call the converter left, a module of the user's outside the
+package, a name the installed framework lacks, each stops the job in one line before it starts.
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple
+
+from unitrain.errors import ConfigError, Refusal
+from unitrain.host.machine import unitrain_version
+from unitrain.interface.translate import FileTranslation, Unconverted, translate_module
+
+#: The factory value that asks for a converted half.
+CONVERT = "convert"
+REPORT = "translation.json"
+UNCONVERTED = "unconverted.txt"
+
+
+class ConversionRefused(Refusal):
+    """Code the converter could not turn into working code of the other framework."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Source:
+    """The user's code a factory path names."""
+
+    key: str  # model.<backend> of the factory
+    root: Path  # the folder holding the top-level package or module
+    top: str  # the top-level package's or module's name
+    files: List[Path]  # relative to root
+    module: str  # the factory's module
+    function: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Translation:
+    """A converted tree in the cache, and what the conversion did."""
+
+    directory: Path  # on sys.path: it holds the package ``alias``
+    alias: str
+    source: Source
+    converted: int
+    unconverted: List[Unconverted]
+    substituted: Dict[str, int]
+    missing: List[List[str]]  # [name, file]: names the converted code uses that the framework lacks
+
+    def factory(self) -> Callable[..., Any]:
+        if str(self.directory) not in sys.path:
+            sys.path.insert(0, str(self.directory))
+        module = importlib.import_module(f"{self.alias}.{self.source.module}")
+        if not callable(getattr(module, self.source.function, None)):
+            raise ConfigError(
+                self.source.key,
+                f"{self.source.module}:{self.source.function}",
+                f"a function of {self.source.module}{did_you_mean(self.source.function, dir(module))}",
+            )
+        return getattr(module, self.source.function)
+
+
+def did_you_mean(name: str, names: List[str]) -> str:
+    """`` (no 'x' there; did you mean 'y'?)``: for a misspelt function name."""
+    close = difflib.get_close_matches(name, [n for n in names if not n.startswith("_")], n=1)
+    return f" (no {name!r} there; did you mean {close[0]!r}?)" if close else f" (no {name!r} there)"
+
+
+def cache_root() -> Path:
+    if os.environ.get("UNITRAIN_CACHE"):
+        return Path(os.environ["UNITRAIN_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "unitrain"
+
+
+def find_source(key: str, path: str) -> Source:
+    """The files of the package (or module) a factory path names, found without importing it."""
+    module, _, function = path.partition(":") if ":" in path else path.rpartition(".")
+    allowed = "an import path pkg.module:function of your model's factory, found from the folder you run in"
+    if not module or not function:
+        raise ConfigError(key, path, allowed)
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    top = module.split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    is_package = spec is not None and bool(spec.submodule_search_locations)
+    if spec is None or not (is_package or (spec.origin or "").endswith(".py")):
+        raise ConfigError(key, path, f"{allowed}; no Python package or module {top!r} on the path")
+    if is_package:
+        root = Path(list(spec.submodule_search_locations)[0]).parent
+    else:
+        root = Path(spec.origin).parent
+    start = _module_file(root, module)
+    if start is None:
+        raise ConfigError(key, path, f"{allowed}; no module {module!r} in {root / top}")
+    files = sorted(_imported_closure(root, top, start)) if is_package else [start]
+    return Source(key=key, root=root, top=top, files=files, module=module, function=function)
+
+
+def _module_file(root: Path, module: str) -> Optional[Path]:
+    """The file of ``module`` under ``root``, relative to it."""
+    for rel in (Path(*module.split(".")).with_suffix(".py"), Path(*module.split("."), "__init__.py")):
+        if (root / rel).is_file():
+            return rel
+    return None
+
+
+def _imported_closure(root: Path, top: str, start: Path) -> Set[Path]:
+    """``start`` and the package's own modules it imports, directly or not, with the package
+    ``__init__`` files on their way (importing ``pkg.a.b`` runs ``pkg/__init__.py`` and
+    ``pkg/a/__init__.py``): the user's code the factory runs, and none of the rest."""
+    found: Set[Path] = set()
+    todo = [start]
+    while todo:
+        rel = todo.pop()
+        if rel in found:
+            continue
+        found.add(rel)
+        parts = rel.with_suffix("").parts
+        package = parts[:-1] if rel.name != "__init__.py" else parts[:-1]
+        todo += [p for i in range(1, len(package) + 1) if (p := root.joinpath(*package[:i], "__init__.py")).is_file()]
+        todo = [p.relative_to(root) if p.is_absolute() else p for p in todo]
+        for name in _imports(root / rel, package):
+            if name.split(".")[0] == top:
+                for candidate in (name, name.rpartition(".")[0]):  # a module, or a name from a module
+                    module_file = _module_file(root, candidate) if candidate else None
+                    if module_file:
+                        todo.append(module_file)
+                        break
+    return found
+
+
+def _imports(path: Path, package: Tuple[str, ...]) -> List[str]:
+    """The absolute names ``path`` imports (``from .x import y``: ``pkg.x.y`` and ``pkg.x``)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError):
+        return []
+    names: List[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package[: len(package) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            names += [f"{base}.{alias.name}" for alias in node.names] + [base]
+    return names
+
+
+def _digest(source: Source, converter: str) -> str:
+    digest = hashlib.sha256(f"{converter}\n{unitrain_version()}\n".encode())
+    for rel in source.files:
+        digest.update(f"{rel}\n".encode())
+        digest.update((source.root / rel).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def translate(source: Source, backend: str) -> Translation:
+    """``source`` converted for ``backend``: from the cache, or converted now and cached whole
+    (a tree half-written by a killed process is never read)."""
+    module = translate_module(backend)
+    converter = module.converter_version()
+    key = _digest(source, converter)
+    alias = f"unitrain_converted_{key}"
+    directory = cache_root() / "converted" / key
+    if not (directory / REPORT).exists():
+        _convert_into(directory, alias, source, module)
+    report = json.loads((directory / REPORT).read_text())
+    translation = Translation(
+        directory=directory,
+        alias=alias,
+        source=source,
+        converted=report["converted"],
+        unconverted=[Unconverted(**u) for u in report["unconverted"]],
+        substituted=report["substituted"],
+        missing=report["missing"],
+    )
+    _refuse_what_did_not_convert(translation, backend)
+    return translation
+
+
+def _convert_into(directory: Path, alias: str, source: Source, module: Any) -> None:
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=directory.parent))
+    try:
+        (tmp / alias).mkdir()
+        (tmp / alias / "__init__.py").write_text("")
+        files: List[FileTranslation] = []
+        for rel in source.files:
+            out = tmp / alias / rel
+            files.append(module.translate_file(source.root / rel, out))
+            if not files[-1].unconverted:  # the converter marks what it left: no longer Python
+                _point_imports_at(out, source.top, alias)
+        unconverted = [
+            asdict(u) | {"file": str(Path(u.file).relative_to(source.root))} for f in files for u in f.unconverted
+        ]
+        substituted: Dict[str, int] = {}
+        for f in files:
+            for name, count in f.substituted.items():
+                substituted[name] = substituted.get(name, 0) + count
+        report = {
+            "source": str(source.root / source.top),
+            "files": [str(f) for f in source.files],
+            "converted": sum(f.converted for f in files),
+            "per_file": {
+                str(rel): {"converted": f.converted, "unconverted": len(f.unconverted)}
+                for rel, f in zip(source.files, files)
+            },
+            "unconverted": unconverted,
+            "substituted": substituted,
+            "missing": _missing(tmp / alias, source, module),
+        }
+        (tmp / UNCONVERTED).write_text("".join(f"{u['file']}:{u['line']}: {u['api']}\n" for u in unconverted))
+        (tmp / REPORT).write_text(json.dumps(report, indent=2))
+        try:
+            tmp.rename(directory)
+        except OSError:  # another process cached the same tree meanwhile
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _point_imports_at(path: Path, top: str, alias: str) -> None:
+    """The converted code's imports of the user's own package, pointed at the converted copy."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    changed = False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module == top or node.module.startswith(top + "."):
+                node.module, changed = f"{alias}.{node.module}", True
+        elif isinstance(node, ast.Import):
+            for name in node.names:
+                if name.name == top or name.name.startswith(top + "."):
+                    # ``import pkg.sub`` binds ``pkg``: bind the converted package under that name.
+                    name.asname = name.asname or (top if name.name == top else None)
+                    if name.asname is None:
+                        raise ConfigError(
+                            "model.paddle",
+                            CONVERT,
+                            f"code that imports its own modules as 'from {top} import ...' or 'import {name.name} as "
+                            f"...' ({path.name} has 'import {name.name}')",
+                        )
+                    name.name, changed = f"{alias}.{name.name}", True
+    if changed:
+        path.write_text(ast.unparse(tree) + "\n", encoding="utf-8")
+
+
+def _missing(package: Path, source: Source, module: Any) -> List[Tuple[str, str]]:
+    """(name, file) for every name the converted code uses that the framework lacks."""
+    found = []
+    for rel in source.files:
+        if ">>>>>>" in (package / rel).read_text(encoding="utf-8"):
+            continue  # refused for what did not convert
+        code = (package / rel).read_text(encoding="utf-8")
+        found += [(name, str(rel)) for name in module.missing_names(code)]
+    return found
+
+
+def _refuse_what_did_not_convert(translation: Translation, backend: str) -> None:
+    if translation.unconverted:
+        first, rest = translation.unconverted[0], len(translation.unconverted) - 1
+        raise ConversionRefused(
+            f"model.{backend}=convert: {first.api} at {first.file}:{first.line} did not convert"
+            + (f", nor {rest} other call(s)" if rest else "")
+            + f" (all listed in {translation.directory / UNCONVERTED}); allowed: code whose every call the converter "
+            f"maps, or a {backend} half of your own (model.{backend}=pkg.module:function)"
+        )
+    if translation.missing:
+        (name, file), rest = translation.missing[0], len(translation.missing) - 1
+        raise ConversionRefused(
+            f"model.{backend}=convert: the converted {file} uses {name}, which the installed {backend} does not have"
+            + (f" ({rest} other such name(s))" if rest else "")
+            + f"; allowed: code that converts to names {backend} has, or a {backend} half of your own "
+            f"(model.{backend}=pkg.module:function)"
+        )
+
+
+def keep(translation: Translation, run_dir: Path) -> None:
+    """The run's own copy of the converted code, for the user to read."""
+    target = Path(run_dir) / "converted"
+    if not target.exists():
+        shutil.copytree(translation.directory, target, ignore=shutil.ignore_patterns("__pycache__"))
