@@ -7,6 +7,7 @@ import importlib
 import json
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -117,7 +118,9 @@ def _text_pair(name: str, **kwargs):
     # Paddle's RNN layers keep each weight twice (flat and per cell, one storage): the flat
     # names are torch's.
     assert set(state) <= set(mine) and all(tuple(mine[k].shape) == state[k].shape for k in shared)
-    paddle_model.set_state_dict({k: paddle.to_tensor(state[k]) for k in shared})
+    with warnings.catch_warnings():  # the per-cell aliases are not in torch's state: Paddle says so
+        warnings.filterwarnings("ignore", message="Skip loading for")
+        paddle_model.set_state_dict({k: paddle.to_tensor(state[k]) for k in shared})
     return torch_model, paddle_model
 
 
@@ -135,7 +138,8 @@ def _train_alike(torch_model, paddle_model, batches, loss_of, steps: int = 5) ->
         t_loss.backward(), p_loss.backward()
         t_opt.step(), p_opt.step()
         t_opt.zero_grad(), p_opt.clear_grad()
-        worst = max(worst, abs(float(t_loss) - float(p_loss)) / abs(float(t_loss)))
+        t_value, p_value = float(t_loss.detach()), float(p_loss.detach())
+        worst = max(worst, abs(t_value - p_value) / abs(t_value))
     return worst
 
 
@@ -282,6 +286,15 @@ def test_one_pytorch_file_trains_on_both_frameworks_and_every_capability_takes_i
     assert any(r["precision"] == "dynamic" and not r["effective"].startswith("FAILED") for r in rows)
 
 
+def _refused_as_expected(done, expected) -> bool:
+    """Whether the command was refused with ``expected`` in its one line (None: it must succeed)."""
+    if expected is None:
+        assert done.returncode == 0, done.stderr[-2000:]
+        return False
+    assert done.returncode == 2 and expected in done.stderr.strip().splitlines()[-1], done.stderr[-2000:]
+    return True
+
+
 def run_unitrain_module(cwd: Path, module: str, *args: str):
     import subprocess
 
@@ -308,3 +321,60 @@ def test_a_converted_model_trains_data_parallel_with_amp_and_resumes(project, tm
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     # The resumed run keeps the first run's steps and adds its own.
     assert [r["step"] for r in resumed.metrics()] == [1, 2, 3, 4] and resumed.summary()["steps"] == 4
+
+
+#: unitrain.quantize kept short: one batch size, few iterations, two pairs for the ratio.
+QUICK_QUANTIZE = ["batches=[4]", "min_time_s=0", "min_iters=3", "warmup=1", "pairs=2", "eval_samples=64", "onnx=false"]
+QUICK_QUANTIZE += ["calib_batches=1", "calib_batch_size=8"]
+
+
+#: Paddle's int8 path saves a legacy program, whose tracer does not take torch-style tensor
+#: methods the converted code keeps (``expand(*sizes)``); and it first exports the fp32 model,
+#: which fails as ``NOT_EXPORTED_FOR_PADDLE`` says.
+NOT_QUANTIZED_BY_PADDLE = {
+    "vit": "TypeError: expand() takes from 2 to 3 positional arguments but 4 were given (at vit.py:",
+    "resnet18": "writing the paddle native artifact failed: TypeError: (InvalidType) full()",
+    "unet": "running the paddle native artifact to check it failed: NotImplementedError",
+}
+
+
+#: What Paddle's exporter or its inference runtime does not take of the converted code.
+NOT_EXPORTED_FOR_PADDLE = {
+    # interpolate's float scale factors: Paddle Inference's oneDNN kernels do not read that attribute.
+    "unet": "running the paddle native artifact to check it failed: NotImplementedError: (Unimplemented) "
+    "ConvertPirAttribute2RuntimeAttribute not support",
+    # x.view(x.size(0), -1): paddle.jit.to_static does not trace torch's size(0).
+    "resnet18": "writing the paddle native artifact failed: TypeError: (InvalidType) full(): argument (position 2) "
+    "must be double, but got str",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", IMAGE_MODELS)
+def test_a_converted_gallery_model_exports_and_quantizes_in_both_frameworks(project, tmp_path, name):
+    """A Paddle checkpoint of the converted half: exported natively and to ONNX for both
+    frameworks (each artifact checked against the checkpoint's logits by the command), and
+    dynamic int8 in both frameworks' toolkits, or one line where Paddle's cannot take it."""
+    root = tmp_path / "user"
+    shutil.copytree(project, root)
+    job = ["backend=paddle", "model=custom", converted(name), "model.paddle=convert", "data.image_size=16"]
+    trained = run_unitrain([*job, "trainer.batch_size=8", "trainer.steps=2", "trainer.checkpoint_every=2"], root)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    run = str(trained.run_dir)
+    for framework in ("torch", "paddle"):
+        out = root / f"export-{framework}"
+        export = run_unitrain_module(
+            root, "unitrain.export", run, "--format=native,onnx", f"--to={framework}", f"--out={out}"
+        )
+        if not _refused_as_expected(export, NOT_EXPORTED_FOR_PADDLE.get(name) if framework == "paddle" else None):
+            assert len(json.loads((out / "export.json").read_text())["artifacts"]) == 2
+    for backend in ("paddle", "torch"):
+        out = root / f"q-{backend}"
+        args = [run, "method=dynamic", f"backend={backend}", *QUICK_QUANTIZE, f"hydra.run.dir={out}"]
+        done = run_unitrain_module(root, "unitrain.quantize", *args)
+        if _refused_as_expected(done, NOT_QUANTIZED_BY_PADDLE.get(name) if backend == "paddle" else None):
+            continue
+        assert done.returncode == 0, done.stderr[-2000:]
+        rows = json.loads((out / "quantize.json").read_text())["rows"]
+        int8 = [r for r in rows if r["precision"] == "dynamic"]
+        assert int8 and not any(r["effective"].startswith("FAILED") for r in int8), int8

@@ -1,5 +1,8 @@
 """Errors a user can act on: each renders as one line naming the problem and what is allowed."""
 
+import os
+import re
+
 
 class UnitrainError(Exception):
     """Base class; the command line prints these as a single line and exits with status 2."""
@@ -49,3 +52,16 @@ class UnknownNameError(UnitrainError, KeyError):
 class BackendUnavailableError(Refusal, ImportError):
     """The backend (or an extension it was asked for, such as Apex) exists but is not installed:
     the job as configured cannot run here, and leaves nothing behind."""
+
+
+def framework_cause(err: BaseException) -> str:
+    """The line of a framework's error that names the cause, with where in the model it was:
+    a tracer's report opens with "In transformed code:" and ends with the error itself."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    named = [line for line in reversed(lines) if re.match(r"^\w+(Error|Exception)\b", line)]
+    cause = named[0] if named else f"{type(err).__name__}: {lines[0]}"
+    places = re.findall(r'File "([^"]+)", line (\d+)', str(err))
+    own = [(f, n) for f, n in places if "site-packages" not in f and "/unitrain/" not in f]
+    return cause + (f" (at {os.path.basename(own[-1][0])}:{own[-1][1]})" if own else "")

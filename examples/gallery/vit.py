@@ -17,7 +17,7 @@ class Block(nn.Module):
 
 
 class ViT(nn.Module):
-    def __init__(self, image_size=32, patch_size=4, num_classes=10, dim=32, depth=2, heads=2):
+    def __init__(self, image_size=32, patch_size=4, num_classes=10, dim=32, depth=2, heads=2, mlp_ratio=2.0):
         super().__init__()
         self.patch_embed = nn.Conv2d(3, dim, kernel_size=patch_size, stride=patch_size)
         num_patches = (image_size // patch_size) ** 2
@@ -25,7 +25,7 @@ class ViT(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + 1, dim))
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
-        self.blocks = nn.ModuleList([Block(dim, heads) for _ in range(depth)])
+        self.blocks = nn.ModuleList([Block(dim, heads, mlp_ratio) for _ in range(depth)])
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.head = nn.Linear(dim, num_classes)
 
@@ -38,5 +38,5 @@ class ViT(nn.Module):
         return self.head(self.norm(x)[:, 0])
 
 
-def build(num_classes, image_size, dim=32, depth=2, heads=2, patch_size=4):
-    return ViT(image_size, patch_size, num_classes, dim, depth, heads)
+def build(num_classes, image_size, dim=32, depth=2, heads=2, patch_size=4, mlp_ratio=2.0):
+    return ViT(image_size, patch_size, num_classes, dim, depth, heads, mlp_ratio)

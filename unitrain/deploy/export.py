@@ -23,7 +23,7 @@ import numpy as np
 
 from unitrain.deploy import artifacts, ps_export
 from unitrain.deploy.runtimes import runtimes_for
-from unitrain.errors import UnitrainError
+from unitrain.errors import UnitrainError, framework_cause
 from unitrain.host.machine import cpu
 from unitrain.interface.backend import Backend, get_backend
 from unitrain.interface.evaluation import evaluation_module
@@ -131,9 +131,19 @@ def export_one(
     try:
         write = target.exporters.save_onnx if fmt == "onnx" else target.exporters.save_native
         started = time.perf_counter()
-        files = write(target.model(source), tmp / stem, tile(images, batch or len(images)), batch)
-        export_s = time.perf_counter() - started
-        checks = _check(source, target, fmt, batch, images, files[0])
+        step = f"writing the {target.framework} {fmt} artifact"
+        try:
+            files = write(target.model(source), tmp / stem, tile(images, batch or len(images)), batch)
+            export_s = time.perf_counter() - started
+            step = f"running the {target.framework} {fmt} artifact to check it"
+            checks = _check(source, target, fmt, batch, images, files[0])
+        except (UnitrainError, MemoryError):
+            raise
+        except Exception as err:  # noqa: BLE001 - the framework's exporter or runtime refusing this model
+            raise UnitrainError(
+                f"{step} failed: {framework_cause(err)[:300]}; allowed: another --format or --to (what was "
+                f"exported before it is kept in {out})"
+            ) from None
         worst = max(c["max_abs_diff"] / max(1.0, c["max_abs_logit"]) for c in checks.values())
         agreement = min(c["top1_agreement"] for c in checks.values())
         entry = {

@@ -39,7 +39,7 @@ from unitrain.deploy.export import export
 from unitrain.deploy.infer import Timing, benchmark
 from unitrain.deploy.onnx_quantize import quantize_onnx
 from unitrain.deploy.pairs import MAX_PAIRS, Side, measure_pair
-from unitrain.errors import ConfigError, Refusal, UnitrainError
+from unitrain.errors import ConfigError, Refusal, UnitrainError, framework_cause
 from unitrain.host.atomic import replace_text
 from unitrain.host.machine import cpu
 from unitrain.interface.backend import Backend, get_backend
@@ -232,11 +232,10 @@ def _post_training(q: Quantization, weights: Arrays, int8_dir: Path) -> Saved:
     except (UnitrainError, MemoryError):
         raise
     except Exception as err:  # noqa: BLE001 - a quantizer that cannot take this model: one line
-        said = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        said = framework_cause(err)
         raise Refusal(
             f"{q.cfg.method} quantization in {q.framework} ({q.toolkit.QUANTIZER[q.cfg.method]}) failed on this model: "
-            f"{type(err).__name__}: {said[:300]}; allowed: another method or backend (the quantizer names what it "
-            "could not take)"
+            f"{said[:300]}; allowed: another method or backend (the quantizer names what it could not take)"
         ) from None
 
 
