@@ -328,24 +328,18 @@ QUICK_QUANTIZE = ["batches=[4]", "min_time_s=0", "min_iters=3", "warmup=1", "pai
 QUICK_QUANTIZE += ["calib_batches=1", "calib_batch_size=8"]
 
 
-#: Paddle's int8 path saves a legacy program, whose tracer does not take torch-style tensor
-#: methods the converted code keeps (``expand(*sizes)``); and it first exports the fp32 model,
-#: which fails as ``NOT_EXPORTED_FOR_PADDLE`` says.
+#: Paddle's int8 path saves a legacy program, whose tracer does not take
+#: paddle.compat.nn.MultiheadAttention (what PaConvert writes for torch's); and it first exports
+#: the fp32 model, which fails as ``NOT_EXPORTED_FOR_PADDLE`` says.
 NOT_QUANTIZED_BY_PADDLE = {
-    "vit": "TypeError: expand() takes from 2 to 3 positional arguments but 4 were given (at vit.py:",
-    "resnet18": "writing the paddle native artifact failed: TypeError: (InvalidType) full()",
+    "vit": "AttributeError: 'tuple' object has no attribute 'numel'",
     "unet": "running the paddle native artifact to check it failed: NotImplementedError",
 }
-
-
-#: What Paddle's exporter or its inference runtime does not take of the converted code.
+#: What Paddle's inference runtime does not take of the converted code: interpolate's float scale
+#: factors, an attribute Paddle Inference's oneDNN kernels do not read.
 NOT_EXPORTED_FOR_PADDLE = {
-    # interpolate's float scale factors: Paddle Inference's oneDNN kernels do not read that attribute.
     "unet": "running the paddle native artifact to check it failed: NotImplementedError: (Unimplemented) "
     "ConvertPirAttribute2RuntimeAttribute not support",
-    # x.view(x.size(0), -1): paddle.jit.to_static does not trace torch's size(0).
-    "resnet18": "writing the paddle native artifact failed: TypeError: (InvalidType) full(): argument (position 2) "
-    "must be double, but got str",
 }
 
 
@@ -378,3 +372,17 @@ def test_a_converted_gallery_model_exports_and_quantizes_in_both_frameworks(proj
         rows = json.loads((out / "quantize.json").read_text())["rows"]
         int8 = [r for r in rows if r["precision"] == "dynamic"]
         assert int8 and not any(r["effective"].startswith("FAILED") for r in int8), int8
+
+
+def test_torchs_shape_arguments_are_rewritten_to_what_paddles_tracers_take():
+    from unitrain.backends.paddle.translate import _traceable_shapes
+
+    code = "y = x.view(x.size(0), -1)\nz = self.cls.expand(n, -1, -1)\nw = x.view(d)\nv = self.expand(a, b)\n"
+    rewritten, counts = _traceable_shapes(code)
+    assert rewritten.splitlines() == [
+        "y = x.reshape([x.shape[0], -1])",
+        "z = self.cls.expand([n, -1, -1])",
+        "w = x.view(d)",  # one argument: a dtype or a shape list already
+        "v = self.expand(a, b)",  # the module's own method
+    ]
+    assert counts == {"Tensor.size(dim)": 1, "Tensor.view(*sizes)": 1, "Tensor.expand(*sizes)": 1}

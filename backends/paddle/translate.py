@@ -11,7 +11,9 @@ kinds of its output are replaced here, in the converted text, and docs/models.md
   arguments, and ``ReLU``, ``LeakyReLU``, ``relu``, ``leaky_relu`` and ``mish`` take torch's
   ``inplace`` (computed out of place: the same values, unless the code reads the input again
   expecting it changed). Any other missing name is refused in one line (:func:`missing_names`),
-  never an AttributeError.
+  never an AttributeError;
+- torch's shape arguments that Paddle's dygraph takes but its tracers (export, int8) do not:
+  ``t.view(a, b)``, ``t.expand(a, b)``, ``t.size(i)`` (:class:`_Shapes`).
 
 No paddle import until :func:`missing_names` checks names.
 """
@@ -96,6 +98,9 @@ def translate_file(source: Path, out: Path) -> FileTranslation:
         Unconverted(api=m["api"], file=str(source), line=int(m["line"])) for m in map(_NOT_SUPPORTED.match, said) if m
     ]
     code, substituted = _substitute(out.read_text(encoding="utf-8"))
+    if not unconverted:  # what the converter left marked is no longer Python
+        code, shapes = _traceable_shapes(code)
+        substituted.update(shapes)
     out.write_text(code, encoding="utf-8")
     return FileTranslation(converted=converted, unconverted=unconverted, substituted=substituted)
 
@@ -109,6 +114,42 @@ def _substitute(code: str) -> tuple[str, Dict[str, int]]:
     if substituted:
         code = _IMPORT + code
     return code, substituted
+
+
+class _Shapes(ast.NodeTransformer):
+    """torch's shape arguments, which PaConvert keeps because Paddle 3.3.1's dygraph takes them,
+    in the form its tracers (``paddle.jit.to_static``, the legacy programs of its int8 path) also
+    take: ``t.view(a, b)`` -> ``t.reshape([a, b])``, ``t.expand(a, b)`` -> ``t.expand([a, b])``,
+    ``t.size(i)`` -> ``t.shape[i]``. Only calls of that exact form (positional arguments, none
+    starred) on something other than a module name."""
+
+    def __init__(self) -> None:
+        self.counts: Dict[str, int] = {}
+
+    def visit_Call(self, node: ast.Call) -> ast.AST:
+        self.generic_visit(node)
+        func = node.func
+        if not isinstance(func, ast.Attribute) or node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+            return node
+        if isinstance(func.value, ast.Name) and func.value.id in ("paddle", _BRIDGE, "self"):
+            return node
+        if func.attr in ("view", "expand") and len(node.args) >= 2:
+            self.counts[f"Tensor.{func.attr}(*sizes)"] = self.counts.get(f"Tensor.{func.attr}(*sizes)", 0) + 1
+            method = "reshape" if func.attr == "view" else "expand"
+            return ast.copy_location(
+                ast.Call(ast.Attribute(func.value, method, ast.Load()), [ast.List(node.args, ast.Load())], []), node
+            )
+        if func.attr == "size" and len(node.args) == 1:
+            self.counts["Tensor.size(dim)"] = self.counts.get("Tensor.size(dim)", 0) + 1
+            shape = ast.Attribute(func.value, "shape", ast.Load())
+            return ast.copy_location(ast.Subscript(shape, node.args[0], ast.Load()), node)
+        return node
+
+
+def _traceable_shapes(code: str) -> tuple[str, Dict[str, int]]:
+    shapes = _Shapes()
+    tree = ast.fix_missing_locations(shapes.visit(ast.parse(code)))
+    return (ast.unparse(tree) + "\n", shapes.counts) if shapes.counts else (code, {})
 
 
 def _dotted(node: ast.AST) -> Optional[str]:
