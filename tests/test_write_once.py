@@ -253,8 +253,8 @@ def test_parity_fails_when_layer_outputs_cannot_be_paired(tmp_path):
 
 @pytest.mark.slow
 def test_one_pytorch_file_trains_on_both_frameworks_and_every_capability_takes_it(project, tmp_path):
-    """The comparison, shared initial weights, the converted code kept, a Paddle checkpoint resumed
-    in torch, export, and dynamic quantization in Paddle (functional GELU included)."""
+    """The comparison, shared initial weights, the converted code kept, and a Paddle checkpoint
+    resumed in torch (export and quantization: the gallery test below)."""
     root = tmp_path / "user"
     shutil.copytree(project, root)
     model = ["model=custom", converted("convmixer"), "model.paddle=convert", "model.init=shared"]
@@ -271,19 +271,6 @@ def test_one_pytorch_file_trains_on_both_frameworks_and_every_capability_takes_i
     resumed = run_unitrain(["backend=torch", *job, "trainer.steps=6", f"trainer.resume={runs['paddle']}"], root / "r")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert resumed.summary()["steps"] == 6
-    export = run_unitrain_module(root, "unitrain.export", str(runs["paddle"]), "--format", "native,onnx")
-    assert export.returncode == 0, export.stderr[-2000:]
-    quantized = run_unitrain_module(
-        root,
-        "unitrain.quantize",
-        str(runs["paddle"]),
-        "method=dynamic",
-        "backend=paddle",
-        f"hydra.run.dir={root / 'q'}",
-    )
-    assert quantized.returncode == 0, quantized.stderr[-2000:]
-    rows = json.loads((root / "q" / "quantize.json").read_text())["rows"]
-    assert any(r["precision"] == "dynamic" and not r["effective"].startswith("FAILED") for r in rows)
 
 
 def _refused_as_expected(done, expected) -> bool:
@@ -343,8 +330,13 @@ NOT_EXPORTED_FOR_PADDLE = {
 }
 
 
+#: One model of each outcome (MobileNetV2 and the MLP-Mixer go as the ConvMixer does: measured,
+#: left out of CI for its 40 minutes).
+EXPORTED_IN_CI = ["convmixer", "vit", "unet", "resnet18"]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", IMAGE_MODELS)
+@pytest.mark.parametrize("name", EXPORTED_IN_CI)
 def test_a_converted_gallery_model_exports_and_quantizes_in_both_frameworks(project, tmp_path, name):
     """A Paddle checkpoint of the converted half: exported natively and to ONNX for both
     frameworks (each artifact checked against the checkpoint's logits by the command), and
