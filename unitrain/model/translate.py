@@ -188,7 +188,7 @@ def translate(source: Source, backend: str) -> Translation:
     alias = f"unitrain_converted_{key}"
     directory = cache_root() / "converted" / key
     if not (directory / REPORT).exists():
-        _convert_into(directory, alias, source, module)
+        _convert_into(directory, alias, source, module, f"model.{backend}")
     report = json.loads((directory / REPORT).read_text())
     translation = Translation(
         directory=directory,
@@ -203,7 +203,7 @@ def translate(source: Source, backend: str) -> Translation:
     return translation
 
 
-def _convert_into(directory: Path, alias: str, source: Source, module: Any) -> None:
+def _convert_into(directory: Path, alias: str, source: Source, module: Any, key: str) -> None:
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=directory.parent))
     try:
@@ -214,7 +214,7 @@ def _convert_into(directory: Path, alias: str, source: Source, module: Any) -> N
             out = tmp / alias / rel
             files.append(module.translate_file(source.root / rel, out))
             if not files[-1].unconverted:  # the converter marks what it left: no longer Python
-                _point_imports_at(out, source.top, alias)
+                _point_imports_at(out, source.top, alias, key)
         unconverted = [
             asdict(u) | {"file": str(Path(u.file).relative_to(source.root))} for f in files for u in f.unconverted
         ]
@@ -245,7 +245,7 @@ def _convert_into(directory: Path, alias: str, source: Source, module: Any) -> N
         raise
 
 
-def _point_imports_at(path: Path, top: str, alias: str) -> None:
+def _point_imports_at(path: Path, top: str, alias: str, key: str) -> None:
     """The converted code's imports of the user's own package, pointed at the converted copy."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     changed = False
@@ -260,7 +260,7 @@ def _point_imports_at(path: Path, top: str, alias: str) -> None:
                     name.asname = name.asname or (top if name.name == top else None)
                     if name.asname is None:
                         raise ConfigError(
-                            "model.paddle",
+                            key,
                             CONVERT,
                             f"code that imports its own modules as 'from {top} import ...' or 'import {name.name} as "
                             f"...' ({path.name} has 'import {name.name}')",
