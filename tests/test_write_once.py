@@ -241,6 +241,74 @@ def test_torch_is_never_the_converted_half(in_project, tmp_path):
     )
 
 
+def test_convert_writes_the_paddle_code_and_checks_it_without_training(in_project, tmp_path, capsys):
+    from unitrain.convert import main
+
+    out = tmp_path / "paddle-code"
+    assert main(["--model", "gallery.convmixer:build", "--out", str(out), "--image-size", "16"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith("gallery -> paddle: 20 calls converted, 0 left"), said
+    assert "paddle.nn.BatchNorm2D x3" in said and "forward check" in said
+    code = next(out.rglob("convmixer.py")).read_text()
+    assert "import paddle" in code and "torch" not in code.replace("torch_", "")
+    check = json.loads((out / "check.json").read_text())
+    assert check["layers_compared"] >= 10 and check["largest"]["rel_diff"] <= 1e-4
+    assert json.loads((out / "translation.json").read_text())["unconverted"] == []
+
+
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("unconverted", "unitrain.convert: model.paddle=convert: torch._foreach_add at bad_nets/unconverted.py:12"),
+        ("noisy", "unitrain.convert: model.paddle=convert: from the same weights, on one batch, the converted half's"),
+    ],
+)
+def test_convert_reports_what_did_not_convert_and_keeps_the_code_to_read(in_project, tmp_path, capsys, name, expected):
+    from unitrain.convert import main
+
+    out = tmp_path / "paddle-code"
+    assert main(["--model", f"bad_nets.{name}:build", "--out", str(out)]) == 1
+    said = capsys.readouterr()
+    assert said.err.startswith(expected) and said.err.count("\n") == 1, said.err
+    assert list(out.rglob(f"{name}.py")) and not (out / "check.json").exists()
+    if name == "unconverted":
+        assert "bad_nets/unconverted.py:12: torch._foreach_add" in (out / "unconverted.txt").read_text()
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--model", "gallery.vit:buld"], "--model='gallery.vit:buld' is not allowed: a function of gallery.vit (no "),
+        (["--model", "gallery.vit:build", "--to", "torch"], "--to='torch' is not allowed with --model"),
+        (["--model", "gallery.vit:build", "--kwarg", "depth"], "--kwarg='depth' is not allowed; allowed: NAME=VALUE"),
+        (["--model", "gallery.vit:build", "--kwarg", "widht=3"], "got an unexpected keyword argument 'widht'"),
+        (["--model", "gallery.vit:build", "--image-size", "0"], "--image-size=0 is not allowed; allowed: 2 to 4096"),
+        (
+            ["--model", "gallery.vit:build", "--out", "README.md"],
+            "is not allowed: it exists and is not an empty folder",
+        ),
+        (
+            ["latest", "--model", "gallery.vit:build"],
+            "give a checkpoint or --model=pkg.module:function, one of the two",
+        ),
+        (["runs"], "--to is missing; allowed: --to paddle|torch with a checkpoint"),
+    ],
+    ids=["typo", "to torch", "kwarg form", "kwarg name", "image size", "out exists", "both", "no --to"],
+)
+def test_convert_refuses_bad_input_in_one_line_and_writes_nothing(in_project, tmp_path, capsys, args, expected):
+    from unitrain.convert import main
+
+    (in_project / "README.md").write_text("not a folder")
+    before = sorted(p.name for p in in_project.iterdir())
+    try:
+        rc = main(args)
+    except SystemExit as exit:  # argparse's own refusals
+        rc = exit.code
+    err = capsys.readouterr().err
+    assert rc == 2 and expected in err and err.count("\n") == 1, err
+    assert sorted(p.name for p in in_project.iterdir()) == before
+
+
 def test_parity_fails_when_layer_outputs_cannot_be_paired(tmp_path):
     from unitrain.train.parity import activations_pass, first_divergence
 

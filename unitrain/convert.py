@@ -1,62 +1,239 @@
-"""``python -m unitrain.convert <checkpoint> --to torch|paddle``: a checkpoint as native weights.
+"""``python -m unitrain.convert``: a checkpoint as native weights, or a model's code as the other
+framework's.
 
-The output loads with plain framework code, no unitrain needed:
-``model.load_state_dict(torch.load(path))`` or ``layer.set_state_dict(paddle.load(path))``.
+``python -m unitrain.convert <checkpoint> --to torch|paddle``: the output loads with plain
+framework code, no unitrain needed: ``model.load_state_dict(torch.load(path))`` or
+``layer.set_state_dict(paddle.load(path))``.
+
+``python -m unitrain.convert --model my_pkg.nets:build``: the PyTorch factory's code converted
+(what ``model.paddle=convert`` trains, docs/models.md), written into a folder to read, and both
+halves run from the same weights on one batch, layer by layer, without training. Exit status 1
+when a call did not convert or a layer computes otherwise: the folder and the report say which.
 """
 
 from __future__ import annotations
 
+import argparse
+import inspect
+import json
+import shutil
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Dict, Sequence
 
+import yaml
+from omegaconf import OmegaConf
+
+from unitrain.config.schema import TrainerConfig
 from unitrain.errors import UnitrainError
 from unitrain.interface.backend import get_backend
 from unitrain.interface.modules import available_backends
+from unitrain.interface.translate import translate_module
 from unitrain.interface.weights import weights_module
 from unitrain.launch.arguments import OneLineParser
+from unitrain.model.custom import resolve_factory
 from unitrain.model.transfer import converted
+from unitrain.model.translate import (
+    CONVERT,
+    REPORT,
+    UNCONVERTED,
+    ConversionRefused,
+    Translation,
+    copy_to,
+    find_source,
+    per_file,
+    refuse_what_did_not_convert,
+    translate,
+)
 from unitrain.train.checkpoint import find_checkpoint, read_image_meta, read_model_arrays
+from unitrain.train.parity import CONVERTED_TOLERANCE, check_converted
+
+PROG = "python -m unitrain.convert"
+#: What the forward check writes beside the converted code.
+CHECK = "check.json"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> OneLineParser:
     parser = OneLineParser(
-        prog="python -m unitrain.convert",
-        description="Turn a unitrain checkpoint into a framework's native weights file.",
+        prog=PROG,
+        description="Turn a unitrain checkpoint into a framework's native weights file, or a PyTorch model's code "
+        "into Paddle's (--model), checked layer by layer without training.",
     )
     parser.add_argument(
         "checkpoint",
+        nargs="?",
         help=(
             "a checkpoint directory, a run directory (its latest checkpoint), or latest (the newest under ./runs and "
             "./multirun)"
         ),
     )
-    parser.add_argument("--to", required=True, choices=available_backends(), help="the framework whose format to write")
-    parser.add_argument("--out", help="output file (default: <checkpoint>/model.<framework>.pt|pdparams)")
+    parser.add_argument("--to", choices=available_backends(), help="the framework whose format (or code) to write")
+    parser.add_argument("--model", help="instead of a checkpoint: a model factory pkg.module:function to convert")
+    parser.add_argument(
+        "--out",
+        help="output file (default: <checkpoint>/model.<framework>.pt|pdparams); with --model, a folder that does "
+        "not exist yet (default: ./converted/<package>-<hash of its code>)",
+    )
+    parser.add_argument("--image-size", type=int, default=32, help="--model: the check's image size (default 32)")
+    parser.add_argument("--num-classes", type=int, default=10, help="--model: the check's class count (default 10)")
+    parser.add_argument(
+        "--kwarg", action="append", default=[], metavar="NAME=VALUE", help="--model: a factory argument (repeatable)"
+    )
+    parser.add_argument("--no-check", action="store_true", help="--model: convert and report, without the check")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
     args = parser.parse_args(argv)
-    target = weights_module(args.to)
+    if (args.checkpoint is None) == (args.model is None):
+        parser.error("give a checkpoint or --model=pkg.module:function, one of the two")
     try:
-        path = find_checkpoint(args.checkpoint, [Path.cwd() / "runs", Path.cwd() / "multirun"], key="checkpoint")
-        meta = read_image_meta(path, "unitrain.convert")
-        out = Path(args.out) if args.out else path / f"model.{args.to}{target.NATIVE_SUFFIX}"
-        if out.is_dir() or not out.parent.is_dir():
-            why = "is a directory" if out.is_dir() else f"its directory {out.parent} does not exist"
-            raise UnitrainError(
-                f"--out={str(out)!r} is not allowed: {why}; allowed: a file path in an existing directory"
-            )
-        # get_backend imports the framework the way unitrain does (and fails clearly if it is missing).
-        arrays = converted(read_model_arrays(path), meta, get_backend(args.to))
-        try:
-            target.save_native(arrays, out)
-        except OSError as err:
-            raise UnitrainError(
-                f"--out={str(out)!r} is not allowed: {err.strerror or err}; allowed: a file path this user can write"
-            ) from None
+        if args.model is None:
+            return _checkpoint(args)
+        return _model(args)
     except UnitrainError as err:
         print(f"unitrain.convert: error: {err}", file=sys.stderr)
         return 2
+
+
+def _checkpoint(args: argparse.Namespace) -> int:
+    if args.to is None:
+        raise UnitrainError("--to is missing; allowed: --to " + "|".join(available_backends()) + " with a checkpoint")
+    target = weights_module(args.to)
+    path = find_checkpoint(args.checkpoint, [Path.cwd() / "runs", Path.cwd() / "multirun"], key="checkpoint")
+    meta = read_image_meta(path, "unitrain.convert")
+    out = Path(args.out) if args.out else path / f"model.{args.to}{target.NATIVE_SUFFIX}"
+    if out.is_dir() or not out.parent.is_dir():
+        why = "is a directory" if out.is_dir() else f"its directory {out.parent} does not exist"
+        raise UnitrainError(f"--out={str(out)!r} is not allowed: {why}; allowed: a file path in an existing directory")
+    # get_backend imports the framework the way unitrain does (and fails clearly if it is missing).
+    arrays = converted(read_model_arrays(path), meta, get_backend(args.to))
+    try:
+        target.save_native(arrays, out)
+    except OSError as err:
+        raise UnitrainError(
+            f"--out={str(out)!r} is not allowed: {err.strerror or err}; allowed: a file path this user can write"
+        ) from None
     print(f"{meta['framework']} checkpoint {path} (model={meta['model']}, step {meta['step']}) -> {args.to}: {out}")
     return 0
+
+
+def _converting_backend(to: str | None) -> str:
+    converting = [b for b in available_backends() if translate_module(b).SOURCE]
+    if to is None and len(converting) == 1:
+        return converting[0]
+    if to not in converting:
+        allowed = ", ".join(f"--to {b} (from {translate_module(b).SOURCE} code)" for b in converting) or "none"
+        raise UnitrainError(
+            f"--to={to!r} is not allowed with --model: no converter writes that code; allowed: {allowed}"
+        )
+    return to
+
+
+def _kwargs(pairs: Sequence[str]) -> Dict[str, Any]:
+    kwargs: Dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name.isidentifier():
+            raise UnitrainError(f"--kwarg={pair!r} is not allowed; allowed: NAME=VALUE, NAME a Python identifier")
+        try:
+            kwargs[name] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            kwargs[name] = value
+    return kwargs
+
+
+def _model(args: argparse.Namespace) -> int:
+    backend = _converting_backend(args.to)
+    for flag, value in (("--image-size", args.image_size), ("--num-classes", args.num_classes)):
+        if not 2 <= value <= 4096:
+            raise UnitrainError(f"{flag}={value} is not allowed; allowed: 2 to 4096")
+    kwargs = _kwargs(args.kwarg)
+    source_name = translate_module(backend).SOURCE
+    translation = translate(find_source("--model", args.model), backend, refuse=False)
+    if not args.no_check:
+        _check_arguments(args.model, kwargs)
+    out = _out_folder(args.out, translation)
+    created = not out.exists()
+    copy_to(translation, out)
+    print(_conversion_lines(translation, backend, out))
+    try:
+        refuse_what_did_not_convert(translation, backend)
+        if args.no_check:
+            return 0
+        cfg = {"model": {"name": "custom", source_name: args.model, backend: CONVERT, "kwargs": kwargs}}
+        cfg |= {"data": {"image_size": args.image_size, "num_classes": args.num_classes}}
+        cfg |= {"trainer": {"seed": TrainerConfig.seed, "threads": TrainerConfig.threads}}
+        found = check_converted(OmegaConf.create(cfg), backend)
+    except ConversionRefused as err:
+        print(f"unitrain.convert: {err}", file=sys.stderr)
+        return 1
+    except UnitrainError:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)  # bad input leaves nothing behind
+        raise
+    (out / CHECK).write_text(json.dumps(found, indent=2) + "\n")
+    print(_check_line(found, source_name, args.image_size))
+    return 0
+
+
+def _check_arguments(path: str, kwargs: Dict[str, Any]) -> None:
+    """The factory takes the check's arguments and the --kwarg ones (it is imported to see)."""
+    factory = resolve_factory("--model", path)
+    try:
+        inspect.signature(factory).bind(num_classes=2, image_size=2, **kwargs)
+    except TypeError as err:
+        given = " ".join(f"--kwarg {k}=..." for k in kwargs) or "no --kwarg"
+        raise UnitrainError(
+            f"--model={path!r} is not allowed with {given}: {err}; allowed: a factory taking num_classes=, "
+            "image_size= and the --kwarg arguments"
+        ) from None
+    except ValueError:  # no signature to read: the check's call says
+        pass
+
+
+def _out_folder(out: str | None, translation: Translation) -> Path:
+    """--out, which must not hold anything yet; by default a folder named by the code's hash,
+    which holds the same conversion when it exists."""
+    if out is None:
+        return Path("converted") / f"{translation.source.top}-{translation.directory.name}"
+    path = Path(out)
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        raise UnitrainError(
+            f"--out={out!r} is not allowed: it exists and is not an empty folder; allowed: a new folder"
+        )
+    if not path.parent.is_dir():
+        raise UnitrainError(f"--out={out!r} is not allowed: {path.parent} does not exist; allowed: a new folder")
+    if path.exists():
+        path.rmdir()  # copied whole below
+    return path
+
+
+def _conversion_lines(translation: Translation, backend: str, out: Path) -> str:
+    files = per_file(translation)
+    left = sum(f["unconverted"] for f in files.values())
+    lines = [f"{translation.source.top} -> {backend}: {translation.converted} calls converted, {left} left ({out})"]
+    lines += [
+        f"  {name}: {f['converted']} converted" + (f", {f['unconverted']} left" if f["unconverted"] else "")
+        for name, f in files.items()
+    ]
+    substituted = ", ".join(f"{name} x{count}" for name, count in translation.substituted.items())
+    lines.append(f"  substituted by unitrain (docs/models.md): {substituted or 'nothing'}")
+    if left:
+        lines.append(f"  what did not convert: {out / UNCONVERTED}")
+    lines.append(f"  the code: {out / translation.alias}; the report: {out / REPORT}")
+    return "\n".join(lines)
+
+
+def _check_line(found: Dict[str, Any], source_name: str, image_size: int) -> str:
+    largest = found["largest"]
+    return (
+        f"forward check (the same weights, one batch of {image_size}x{image_size} images, evaluation mode): "
+        f"{found['layers_compared']} layer outputs within {largest['rel_diff']:.2e} of the {source_name} half's "
+        f"(largest at {largest['layer']}; at most {CONVERTED_TOLERANCE:g} passes), losses within "
+        f"{found['loss_rel_diff']:.2e}"
+    )
 
 
 if __name__ == "__main__":

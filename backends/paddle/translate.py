@@ -24,9 +24,11 @@ import ast
 import logging
 import re
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from unitrain.backends.paddle import QUIET_ON_IMPORT
 from unitrain.errors import BackendUnavailableError, UnitrainError
 from unitrain.interface.translate import FileTranslation, Unconverted
 
@@ -163,7 +165,10 @@ def _dotted(node: ast.AST) -> Optional[str]:
 
 
 def missing_names(code: str) -> List[str]:
-    import paddle
+    with warnings.catch_warnings():  # as when the backend loads (this module loads without paddle)
+        for message in QUIET_ON_IMPORT:
+            warnings.filterwarnings("ignore", message=message)
+        import paddle
 
     logging.getLogger("paddle").setLevel(logging.ERROR)
     missing: List[str] = []

@@ -47,7 +47,7 @@ class CustomModel:
     def build(self, backend: str, num_classes: int) -> Any:
         """The user's ``backend`` model for this data."""
         path = self.factory_path(backend)
-        factory = self.translation(backend).factory() if path == CONVERT else _resolve(f"model.{backend}", path)
+        factory = self.translation(backend).factory() if path == CONVERT else resolve_factory(f"model.{backend}", path)
         arguments = {"num_classes": num_classes, "image_size": self.image_size, **dict(self.kwargs)}
         try:
             inspect.signature(factory).bind(**arguments)
@@ -125,7 +125,8 @@ def check_model(backend: str, path: str, model: Any) -> None:
         )
 
 
-def _resolve(key: str, path: str) -> Any:
+def resolve_factory(key: str, path: str) -> Any:
+    """The function an import path names, imported; a wrong path is one line."""
     # The launchers start workers by script path, which puts the script's folder first on
     # sys.path, not the folder the user ran the command from, where their package lives.
     if os.getcwd() not in sys.path:

@@ -115,8 +115,31 @@ def find_source(key: str, path: str) -> Source:
     start = _module_file(root, module)
     if start is None:
         raise ConfigError(key, path, f"{allowed}; no module {module!r} in {root / top}")
+    names = _top_level_names(root / start)
+    if names is not None and function not in names:
+        raise ConfigError(key, path, f"a function of {module}{did_you_mean(function, sorted(names))}")
     files = sorted(_imported_closure(root, top, start)) if is_package else [start]
     return Source(key=key, root=root, top=top, files=files, module=module, function=function)
+
+
+def _top_level_names(path: Path) -> Optional[Set[str]]:
+    """The names a module defines at its top level, read without running it; None where they
+    cannot all be read (a star import, a module ``__getattr__``, code that does not parse)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError):
+        return None
+    names: Set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            if any(alias.name == "*" for alias in node.names):
+                return None
+            names |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+    return None if "__getattr__" in names else names
 
 
 def _module_file(root: Path, module: str) -> Optional[Path]:
@@ -179,9 +202,10 @@ def _digest(source: Source, converter: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def translate(source: Source, backend: str) -> Translation:
+def translate(source: Source, backend: str, *, refuse: bool = True) -> Translation:
     """``source`` converted for ``backend``: from the cache, or converted now and cached whole
-    (a tree half-written by a killed process is never read)."""
+    (a tree half-written by a killed process is never read). ``refuse``: a conversion left
+    incomplete stops here in one line (:func:`refuse_what_did_not_convert`)."""
     module = translate_module(backend)
     converter = module.converter_version()
     key = _digest(source, converter)
@@ -199,7 +223,8 @@ def translate(source: Source, backend: str) -> Translation:
         substituted=report["substituted"],
         missing=report["missing"],
     )
-    _refuse_what_did_not_convert(translation, backend)
+    if refuse:
+        refuse_what_did_not_convert(translation, backend)
     return translation
 
 
@@ -281,7 +306,7 @@ def _missing(package: Path, source: Source, module: Any) -> List[Tuple[str, str]
     return found
 
 
-def _refuse_what_did_not_convert(translation: Translation, backend: str) -> None:
+def refuse_what_did_not_convert(translation: Translation, backend: str) -> None:
     if translation.unconverted:
         first, rest = translation.unconverted[0], len(translation.unconverted) - 1
         raise ConversionRefused(
@@ -300,8 +325,17 @@ def _refuse_what_did_not_convert(translation: Translation, backend: str) -> None
         )
 
 
-def keep(translation: Translation, run_dir: Path) -> None:
-    """The run's own copy of the converted code, for the user to read."""
-    target = Path(run_dir) / "converted"
+def per_file(translation: Translation) -> Dict[str, Dict[str, int]]:
+    """{file: {"converted": calls, "unconverted": calls}} of the user's files, as converted."""
+    return json.loads((translation.directory / REPORT).read_text())["per_file"]
+
+
+def copy_to(translation: Translation, target: Path) -> None:
+    """The converted tree, with its report, where the user reads it."""
     if not target.exists():
         shutil.copytree(translation.directory, target, ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def keep(translation: Translation, run_dir: Path) -> None:
+    """The run's own copy of the converted code, for the user to read."""
+    copy_to(translation, Path(run_dir) / "converted")
