@@ -383,11 +383,8 @@ QUICK_QUANTIZE = ["batches=[4]", "min_time_s=0", "min_iters=3", "warmup=1", "pai
 QUICK_QUANTIZE += ["calib_batches=1", "calib_batch_size=8"]
 
 
-#: Paddle's int8 path saves a legacy program, whose tracer does not take
-#: paddle.compat.nn.MultiheadAttention (what PaConvert writes for torch's); and it first exports
-#: the fp32 model, which fails as ``NOT_EXPORTED_FOR_PADDLE`` says.
+#: Paddle's int8 path first exports the fp32 model, which fails as ``NOT_EXPORTED_FOR_PADDLE`` says.
 NOT_QUANTIZED_BY_PADDLE = {
-    "vit": "AttributeError: 'tuple' object has no attribute 'numel'",
     "unet": "running the paddle native artifact to check it failed: NotImplementedError",
 }
 #: What Paddle's inference runtime does not take of the converted code: interpolate's float scale

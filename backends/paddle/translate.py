@@ -13,7 +13,9 @@ kinds of its output are replaced here, in the converted text, and docs/models.md
   expecting it changed). Any other missing name is refused in one line (:func:`missing_names`),
   never an AttributeError;
 - torch's shape arguments that Paddle's dygraph takes but its tracers (export, int8) do not:
-  ``t.view(a, b)``, ``t.expand(a, b)``, ``t.size(i)`` (:class:`_Shapes`).
+  ``t.view(a, b)``, ``t.expand(a, b)``, ``t.size(i)`` (:class:`_Shapes`); and
+  ``paddle.compat.nn.MultiheadAttention``, whose attention the legacy tracer of the int8 path
+  does not take (:func:`_multihead_attention`).
 
 No paddle import until :func:`missing_names` checks names.
 """
@@ -49,6 +51,7 @@ _SUBSTITUTES = {
     "paddle.nn.functional.relu": f"{_BRIDGE}.relu",
     "paddle.nn.functional.leaky_relu": f"{_BRIDGE}.leaky_relu",
     "paddle.nn.functional.mish": f"{_BRIDGE}.mish",
+    "paddle.compat.nn.MultiheadAttention": f"{_BRIDGE}.MultiheadAttention",
 }
 _NOT_SUPPORTED = re.compile(r"^\[(?P<file>[^\]]+?):(?P<line>\d+)\] \[Not Support\] convert (?P<api>\S+) to Paddle")
 
@@ -220,6 +223,7 @@ def _bridges():
             super().__init__(negative_slope, name=name)
 
     return {
+        "MultiheadAttention": _multihead_attention(),
         "ReLU": ReLU,
         "LeakyReLU": LeakyReLU,
         "BatchNorm2D": BatchNorm2D,
@@ -227,6 +231,68 @@ def _bridges():
         "MaxPool2d": max_pool(nn.MaxPool2D, "MaxPool2d"),
         "MaxPool3d": max_pool(nn.MaxPool3D, "MaxPool3d"),
     }
+
+
+def _multihead_attention():
+    import paddle
+    from paddle.nn import functional as F
+
+    class MultiheadAttention(paddle.compat.nn.MultiheadAttention):
+        """torch's nn.MultiheadAttention on Paddle's torch-compatible layer (its parameters, names
+        and layouts), computed in operators that both of Paddle's tracers take: the compat
+        layer's scaled_dot_product_attention reads ``shape.numel()``, which a legacy program's
+        shapes (tuples) lack, so its int8 path failed on it. (``paddle.matmul`` and the compat
+        out_proj trace there through quantize.legacy_operators.) Masks, causal attention,
+        separate projection weights, bias_kv, zero_attn and unbatched inputs go to the compat
+        layer."""
+
+        def forward(
+            self,
+            query,
+            key,
+            value,
+            key_padding_mask=None,
+            need_weights=True,
+            attn_mask=None,
+            average_attn_weights=True,
+            is_causal=False,
+        ):
+            masked = attn_mask is not None or key_padding_mask is not None or is_causal
+            plain = self._qkv_same_embed_dim and self.bias_k is None and not self.add_zero_attn and query.ndim == 3
+            if masked or not plain:
+                return super().forward(
+                    query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal
+                )
+            if not self.batch_first:  # heads are split on [batch, seq, embed]
+                query, key, value = (t.transpose([1, 0, 2]) for t in (query, key, value))
+            if query is key and key is value:
+                q, k, v = paddle.split(self._in_proj(query), 3, axis=-1)
+            else:
+                q, k, v = (self._in_proj(t, i) for i, t in enumerate((query, key, value)))
+            # 0 keeps that dimension: the batch (and lengths) stay dynamic in a traced program.
+            q, k, v = (t.reshape([0, 0, self.num_heads, self.head_dim]).transpose([0, 2, 1, 3]) for t in (q, k, v))
+            weights = F.softmax(paddle.matmul(q * self.head_dim**-0.5, k, transpose_y=True), axis=-1)
+            if self.training and self.dropout > 0:
+                weights = F.dropout(weights, self.dropout)
+            out = paddle.matmul(weights, v).transpose([0, 2, 1, 3]).reshape([0, 0, self.embed_dim])
+            out = self.out_proj(out)
+            if not self.batch_first:
+                out = out.transpose([1, 0, 2])
+            if not need_weights:
+                return out, None
+            return out, weights.mean(axis=1) if average_attn_weights else weights
+
+        def _in_proj(self, x, part=None):
+            """x projected by torch's packed in_proj_weight: by all of it (q, k and v in one
+            matmul, as torch does for self-attention) or by its ``part``-th third."""
+            w, b = self.in_proj_weight, self.in_proj_bias
+            if part is not None:
+                rows = slice(part * self.embed_dim, (part + 1) * self.embed_dim)
+                w, b = w[rows], None if b is None else b[rows]
+            out = paddle.matmul(x, w, transpose_y=True)
+            return out if b is None else out + b
+
+    return MultiheadAttention
 
 
 def torch_assert(condition, message) -> None:
@@ -253,7 +319,7 @@ def mish(x, inplace=False, name=None):
 
 
 _DEFINED: Dict[str, type] = {}
-_CLASSES = ("BatchNorm2D", "MaxPool1d", "MaxPool2d", "MaxPool3d", "ReLU", "LeakyReLU")
+_CLASSES = ("BatchNorm2D", "MaxPool1d", "MaxPool2d", "MaxPool3d", "ReLU", "LeakyReLU", "MultiheadAttention")
 
 
 def __getattr__(name: str):

@@ -5,7 +5,7 @@ The factory's top-level package (or its single module) is the user's own code: e
 of it is converted by the backend's translate module (PaConvert for Paddle), its imports of itself
 point at the converted copy, and the copy is imported under a name of its own, so both halves
 live in one process. The converted tree is cached by a hash of the sources, the converter's
-version and unitrain's (``UNITRAIN_CACHE``, else ``$XDG_CACHE_HOME/unitrain``, else
+version, unitrain's and its substitutions' code (``UNITRAIN_CACHE``, else ``$XDG_CACHE_HOME/unitrain``, else
 ``~/.cache/unitrain``), and each run keeps a copy (``converted/`` in its run directory).
 
 Nothing converts silently in part: a call the converter left, a module of the user's outside the
@@ -194,8 +194,11 @@ def _imports(path: Path, package: Tuple[str, ...]) -> List[str]:
     return names
 
 
-def _digest(source: Source, converter: str) -> str:
+def _digest(source: Source, converter: str, module: Any) -> str:
+    """The cache key: the sources, the converter, and unitrain's substitutions (its translate
+    module's code: a bridge added since a tree was cached changes what conversion writes)."""
     digest = hashlib.sha256(f"{converter}\n{unitrain_version()}\n".encode())
+    digest.update(Path(module.__file__).read_bytes())
     for rel in source.files:
         digest.update(f"{rel}\n".encode())
         digest.update((source.root / rel).read_bytes())
@@ -208,7 +211,7 @@ def translate(source: Source, backend: str, *, refuse: bool = True) -> Translati
     incomplete stops here in one line (:func:`refuse_what_did_not_convert`)."""
     module = translate_module(backend)
     converter = module.converter_version()
-    key = _digest(source, converter)
+    key = _digest(source, converter, module)
     alias = f"unitrain_converted_{key}"
     directory = cache_root() / "converted" / key
     if not (directory / REPORT).exists():
