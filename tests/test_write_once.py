@@ -443,3 +443,31 @@ def test_torchs_shape_arguments_are_rewritten_to_what_paddles_tracers_take():
         "v = self.expand(a, b)",  # the module's own method
     ]
     assert counts == {"Tensor.size(dim)": 1, "Tensor.view(*sizes)": 1, "Tensor.expand(*sizes)": 1}
+
+
+@pytest.mark.parametrize("batch_first", [True, False])
+@pytest.mark.parametrize("self_attention", [True, False])
+def test_the_attention_bridge_computes_torchs_multihead_attention(batch_first, self_attention):
+    """unitrain's MultiheadAttention (what converted code gets for torch's, traceable into
+    Paddle's int8 program) gives torch's outputs and weights from torch's parameters."""
+    import paddle
+    import torch
+
+    from unitrain.backends.paddle import translate
+
+    torch.manual_seed(0)
+    ours = translate.MultiheadAttention(16, 4, batch_first=batch_first)
+    theirs = torch.nn.MultiheadAttention(16, 4, batch_first=batch_first).eval()
+    ours.eval()
+    ours.set_state_dict({k: paddle.to_tensor(v.detach().numpy()) for k, v in theirs.state_dict().items()})
+    shape = (2, 5, 16) if batch_first else (5, 2, 16)
+    q, k, v = (np.random.default_rng(i).standard_normal(shape).astype(np.float32) for i in range(3))
+    # One tensor three times: self-attention, which both compute with one packed projection.
+    t_in = (torch.from_numpy(q),) * 3 if self_attention else tuple(map(torch.from_numpy, (q, k, v)))
+    p_in = (paddle.to_tensor(q),) * 3 if self_attention else tuple(map(paddle.to_tensor, (q, k, v)))
+    for need_weights, average in ((False, True), (True, True), (True, False)):
+        a = theirs(*t_in, need_weights=need_weights, average_attn_weights=average)
+        b = ours(*p_in, need_weights=need_weights, average_attn_weights=average)
+        np.testing.assert_allclose(b[0].numpy(), a[0].detach().numpy(), atol=1e-6)
+        if need_weights:
+            np.testing.assert_allclose(b[1].numpy(), a[1].detach().numpy(), atol=1e-6)
