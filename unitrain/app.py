@@ -12,12 +12,14 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from unitrain.config.schema import register_configs
+from unitrain.config.schema import Logger, register_configs
 from unitrain.errors import NothingLeftToRun, Refusal, Stopped, UnitrainError
+from unitrain.jobs.kind import JobKind
 from unitrain.jobs.select import job_kind, validate
 from unitrain.launch import slurm
 from unitrain.launch.hydra import discard_refused, hydra_entry
 from unitrain.report.training import table, write_report
+from unitrain.train import tracking
 from unitrain.train.trainer import out_of_memory
 
 register_configs()
@@ -38,11 +40,11 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         # A sweep's jobs run one after another in Hydra's process: each in a fresh one.
         fresh = HydraConfig.get().mode.name == "MULTIRUN" or cfg.trainer.repeats > 1
         if cfg.trainer.repeats == 1:
-            summary = kind.run(cfg, run_dir, fresh)
+            summary = _run_tracked(kind, cfg, run_dir, fresh)
         else:
             for i in range(cfg.trainer.repeats):
                 (run_dir / f"repeat{i}").mkdir(exist_ok=True)
-                summary = kind.run(cfg, run_dir / f"repeat{i}", fresh)
+                summary = _run_tracked(kind, cfg, run_dir / f"repeat{i}", fresh)
     except NothingLeftToRun as err:
         print(f"unitrain: {err}", flush=True)
         return None
@@ -66,6 +68,17 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
     elif HydraConfig.get().mode.name == "RUN":
         print("\n" + table([run_dir]) + f"\n\nrun directory: {run_dir}", flush=True)
     return summary
+
+
+def _run_tracked(kind: JobKind, cfg: DictConfig, run_dir: Path, fresh: bool) -> Optional[Dict[str, Any]]:
+    """The job, in MLflow when trainer.loggers has it (on the node that holds the summary),
+    under its sweep's parent run."""
+    if Logger.mlflow not in cfg.trainer.loggers or cfg.dist.node_rank != kind.summary_node(cfg):
+        return kind.run(cfg, run_dir, fresh)
+    sweep = Path(HydraConfig.get().sweep.dir) if HydraConfig.get().mode.name == "MULTIRUN" else None
+    with tracking.tracked(cfg, run_dir, sweep) as result:
+        result["summary"] = kind.run(cfg, run_dir, fresh)
+    return result["summary"]
 
 
 def _raise_stopped(signum, frame) -> None:

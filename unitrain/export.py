@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 from typing import List, Optional, Sequence
 
 import numpy as np
@@ -21,6 +22,7 @@ from unitrain.errors import UnitrainError
 from unitrain.interface.export import FORMATS
 from unitrain.interface.modules import available_backends
 from unitrain.launch.arguments import OneLineParser
+from unitrain.train import tracking
 
 
 def _csv(value: str, allowed: Sequence[str], key: str) -> List[str]:
@@ -85,7 +87,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"unitrain.export: error: {err}", file=sys.stderr)
         return 2
     print(f"export.json: {out / artifacts.MANIFEST}")
+    _track(out)
     return 0
+
+
+def _track(out: Path) -> None:
+    """The manifest joins the checkpoint's run in MLflow, when that run is tracked."""
+    checkpoint = Path(artifacts.read_manifest(out)["source"]["checkpoint"])
+    for folder in (checkpoint, *checkpoint.parents[:3]):
+        tracked = tracking.TrackedRun.read(folder)
+        if tracked is not None:
+            tracking.log_files(tracked, [out / artifacts.MANIFEST], "export")
+            print(f"MLflow: export.json logged to run {tracked.run_id} ({tracking.public_uri(tracked.uri)})")
+            return
 
 
 if __name__ == "__main__":

@@ -104,6 +104,7 @@ class Malloc(Choice):
 class Logger(Choice):
     tensorboard = "tensorboard"
     visualdl = "visualdl"
+    mlflow = "mlflow"
 
 
 class DistMode(Choice):
@@ -288,7 +289,8 @@ class TrainerConfig:
     save_final_weights: bool = False
     # Run the job this many times (each in a fresh process, into repeat<i>/), for medians and spreads.
     repeats: int = 1
-    # Extra metric sinks besides metrics.jsonl: tensorboard (tensorboardX), visualdl.
+    # Extra metric sinks besides metrics.jsonl: tensorboard (tensorboardX), visualdl, mlflow (the
+    # whole run tracked in MLflow: docs/sweeps-and-tracking.md).
     loggers: List[Logger] = field(default_factory=list)
     checkpoint_every: int = 0
     # Evaluate on the held-out set every N steps (0: only at the end); timed apart from training.

@@ -106,6 +106,9 @@ class CollectiveJob:
             return run_isolated(cfg, run_dir)
         return train(cfg, run_dir)
 
+    def summary_node(self, cfg: UnitrainConfig) -> int:
+        return 0
+
     def summary_holder(self, cfg: UnitrainConfig) -> str:
         return "node 0"
 

@@ -46,5 +46,8 @@ class JobKind(Protocol):
         """Run this node's share; the job's summary, or None on a node that does not hold it.
         ``fresh_process``: a job of a sweep, which runs in a process of its own."""
 
+    def summary_node(self, cfg: UnitrainConfig) -> int:
+        """The rank of the node that writes the job's summary."""
+
     def summary_holder(self, cfg: UnitrainConfig) -> str:
         """The node that writes the job's summary, in words ("node 0")."""

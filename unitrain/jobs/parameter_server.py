@@ -103,9 +103,12 @@ class ParameterServerJob:
     def run(self, cfg: UnitrainConfig, run_dir: Path, fresh_process: bool) -> Summary:
         return launch(cfg, run_dir, self.processes(cfg))
 
-    def summary_holder(self, cfg: UnitrainConfig) -> str:
+    def summary_node(self, cfg: UnitrainConfig) -> int:
         layout = PsLayout.of(cfg.dist.ps, cfg.dist.nnodes)
-        return f"node {min(n for n in range(cfg.dist.nnodes) if layout.trainers[n])} (trainer 0's)"
+        return min(n for n in range(cfg.dist.nnodes) if layout.trainers[n])
+
+    def summary_holder(self, cfg: UnitrainConfig) -> str:
+        return f"node {self.summary_node(cfg)} (trainer 0's)"
 
 
 def _check_tower_memory(cfg: UnitrainConfig) -> None:

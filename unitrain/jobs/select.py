@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Dict
 
-from unitrain.config.schema import DistMode, UnitrainConfig
+from unitrain.config.schema import DistMode, Logger, UnitrainConfig
 from unitrain.config.validation import check_config
 from unitrain.jobs.collective import CollectiveJob
 from unitrain.jobs.kind import JobKind
 from unitrain.jobs.machine import check_machine
 from unitrain.jobs.parameter_server import ParameterServerJob
+from unitrain.train import tracking
 
 KINDS: Dict[DistMode, JobKind] = {DistMode.collective: CollectiveJob(), DistMode.ps: ParameterServerJob()}
 
@@ -28,3 +29,5 @@ def validate(cfg: UnitrainConfig) -> None:
     check_machine(cfg, kind.processes(cfg))
     kind.check_machine(cfg)
     kind.check_backend(cfg)
+    if Logger.mlflow in cfg.trainer.loggers:
+        tracking.check_reachable()

@@ -101,12 +101,15 @@ def hydra_entry(
 #: What a run directory holds before the job has produced anything: Hydra's record and logs, the
 #: resolved config handed to the workers, the launcher's and the workers' logs and status files.
 _SCAFFOLDING = (".hydra", ".workers", "worker_config.yaml", "launcher.log", "http.log")
+#: A tracked run's record and, when the run is not part of a sweep, its own MLflow store (whose
+#: run the refusal deleted).
+_TRACKING = ("mlflow.json", "mlflow.db", "mlartifacts")
 
 
 def _scaffolding(p: Path) -> bool:
     """Written by starting a job (Hydra, the launchers, an empty metrics file), not by running it."""
     return (
-        p.name in _SCAFFOLDING
+        p.name in _SCAFFOLDING + _TRACKING
         or p.suffix == ".log"
         or p.name.startswith(
             ("workerlog.", "serverlog.", "envlog.", "backup_env.")

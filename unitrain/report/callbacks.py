@@ -8,13 +8,20 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
+from unitrain.config.schema import Logger
+from unitrain.report.runs import results_under
 from unitrain.report.training import write_report
+from unitrain.train import tracking
 
 
 class ComparisonReport(Callback):
     """After a sweep: one table of every job, printed, plus comparison.md, plots and report.html."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if Logger.mlflow in config.trainer.loggers:
+            sweep_dir = Path(config.hydra.sweep.dir)
+            sweep_dir.mkdir(parents=True, exist_ok=True)  # Hydra's launcher makes it later
+            tracking.start_sweep(config, sweep_dir)
         # hydra/launcher=joblib: a table of timings from jobs that shared the cores compares little.
         jobs = config.hydra.launcher.get("n_jobs")
         if jobs is not None and jobs != 1:
@@ -26,10 +33,14 @@ class ComparisonReport(Callback):
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
-        if not list(sweep_dir.rglob("summary.json")):
-            return
-        table = write_report([sweep_dir])
-        print(f"\n{table}\n\nreport: {sweep_dir / 'report.html'}", flush=True)
+        if results_under(sweep_dir, "summary.json"):
+            table = write_report([sweep_dir])
+            print(f"\n{table}\n\nreport: {sweep_dir / 'report.html'}", flush=True)
+        sweep = tracking.TrackedRun.read(sweep_dir)
+        if sweep is not None:
+            tracking.log_files(sweep, [sweep_dir / name for name in tracking.RUN_FILES + ("multirun.yaml",)])
+            tracking.log_files(sweep, sorted(sweep_dir.glob("*.png")), "plots")
+            sweep.client().set_terminated(sweep.run_id, "FINISHED")
 
 
 class QuantizationReport(Callback):

@@ -12,6 +12,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from unitrain.report.runs import results_under
+
 SMOOTH = 20  # steps in the plotted moving mean
 
 NOTE = (
@@ -28,7 +30,7 @@ NOTE = (
 def results(dirs: Sequence[str | Path]) -> List[Tuple[Path, Dict[str, Any]]]:
     found = []
     for d in map(Path, dirs):
-        files = [d / "summary.json"] if (d / "summary.json").exists() else sorted(d.rglob("summary.json"))
+        files = [d / "summary.json"] if (d / "summary.json").exists() else results_under(d, "summary.json")
         for f in files:
             try:
                 summary = json.loads(f.read_text())

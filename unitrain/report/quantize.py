@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from unitrain.host.machine import describe_cpu
 from unitrain.report import style
 from unitrain.report.intervals import how_pairs_ran, ratio_text
+from unitrain.report.runs import results_under
 
 RESULT = "quantize.json"
 
@@ -86,7 +87,7 @@ def table(
 def results(dirs) -> List[Tuple[Path, Dict[str, Any]]]:
     """Every ``quantize.json`` in or under ``dirs`` (a run, a multirun), oldest path first."""
     found = []
-    for f in sorted({f.resolve() for d in map(Path, dirs) for f in Path(d).rglob(RESULT)}):
+    for f in sorted({f.resolve() for d in map(Path, dirs) for f in results_under(d, RESULT)}):
         try:
             report = json.loads(f.read_text())
             report["rows"], report["settings"], report["cpu"]

@@ -18,6 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from unitrain.train.metrics import own_records
+from unitrain.train.tracking import ARTIFACTS
 
 # What may differ between compared runs without making the comparison unfair: the axes of
 # comparison themselves. Anything else (threads, data, image size, steps...) draws a warning,
@@ -185,13 +186,19 @@ def _to_stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
+def results_under(folder: Path, name: str) -> List[Path]:
+    """Every file called ``name`` in or under ``folder``, leaving out MLflow's artifact store,
+    which holds copies of tracked runs' files."""
+    return sorted(f for f in Path(folder).rglob(name) if ARTIFACTS not in f.relative_to(folder).parts)
+
+
 def load_runs(dirs: Sequence[str | Path], warn=None) -> List[Run]:
     """Every run in the given run, multirun or repeat directories, each once. A run whose
     results are garbled or incomplete is skipped with a one-line warning naming its file."""
     warn = warn or _to_stderr
     found: Dict[Path, Run] = {}
     for d in map(Path, dirs):
-        files = [d / "summary.json"] if (d / "summary.json").exists() else sorted(d.rglob("summary.json"))
+        files = [d / "summary.json"] if (d / "summary.json").exists() else results_under(d, "summary.json")
         unfinished = _unfinished(d)
         for run in unfinished:
             warn(f"unitrain.compare: warning: skipping {run}: it has no summary.json (the run did not finish)")
@@ -228,7 +235,7 @@ def inference_results(dirs: Sequence[str | Path], warn=None) -> List[Tuple[Path,
     """Every ``inference.json`` (``python -m unitrain.infer``) in or under the given directories."""
     warn = warn or _to_stderr
     found = []
-    for f in sorted({f.resolve() for d in map(Path, dirs) for f in Path(d).rglob("inference.json")}):
+    for f in sorted({f.resolve() for d in map(Path, dirs) for f in results_under(d, "inference.json")}):
         try:
             result = json.loads(f.read_text())
             result["rows"], result["batches"], result["cpu"]

@@ -1,7 +1,9 @@
-"""Optional metric sinks beside metrics.jsonl: TensorBoard (tensorboardX) and VisualDL.
+"""Optional metric sinks beside metrics.jsonl: TensorBoard (tensorboardX), VisualDL and MLflow.
 
-Selected with ``trainer.loggers=[tensorboard]`` / ``[visualdl]``; off by default. Their
-packages load only when chosen, and a missing one stops the run at start naming the extra.
+Selected with ``trainer.loggers=[tensorboard]`` / ``[visualdl]`` / ``[mlflow]``; off by default.
+Their packages load only when chosen, and a missing one stops the run at start naming the extra.
+MLflow tracks more than the steps (:mod:`unitrain.train.tracking`): its sink sends them to the
+run the job opened.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from unitrain.errors import BackendUnavailableError
+from unitrain.train.tracking import MlflowSink
 
 SCALARS = ("loss", "top1", "top5", "lr", "ips", "batch_cost", "reader_cost", "loss_scale")
 
@@ -55,8 +58,12 @@ class VisualDLSink(MetricSink):
         self.writer.add_scalar(tag=tag, step=step, value=value)
 
 
-SINKS = {"tensorboard": TensorBoardSink, "visualdl": VisualDLSink}
+SINKS = {
+    "tensorboard": lambda run_dir: TensorBoardSink(run_dir / "tensorboard"),
+    "visualdl": lambda run_dir: VisualDLSink(run_dir / "visualdl"),
+    "mlflow": MlflowSink,
+}
 
 
-def make_sinks(names: List[str], run_dir: Path) -> List[MetricSink]:
-    return [SINKS[name](run_dir / name) for name in names]
+def make_sinks(names: List[str], run_dir: Path) -> List[MetricSink | MlflowSink]:
+    return [SINKS[name](run_dir) for name in names]

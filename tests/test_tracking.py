@@ -1,0 +1,122 @@
+"""trainer.loggers=[mlflow]: every run in MLflow, read back with MLflow's own client."""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+
+import pytest
+
+from conftest import FAST, holding_the_environment, refusal, run_unitrain
+
+pytest.importorskip("mlflow")
+
+JOB = [*FAST, "data=synthetic", "trainer.batch_size=4", "trainer.steps=3", "trainer.loggers=[mlflow]"]
+
+
+def _client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return MlflowClient(tracking_uri=uri)
+
+
+def _flat(tree, prefix=""):
+    if isinstance(tree, dict):
+        for key, value in tree.items():
+            yield from _flat(value, f"{prefix}{key}.")
+    else:
+        yield prefix[:-1], tree
+
+
+@pytest.fixture(scope="module")
+def tracked_run(tmp_path_factory):
+    done = run_unitrain(["backend=torch", *JOB], tmp_path_factory.mktemp("tracked"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((done.run_dir / "mlflow.json").read_text())
+    client = _client(record["uri"])
+    return done, client, client.get_run(record["run_id"])
+
+
+@pytest.mark.slow  # MLflow creates its tables (about 8 s) and the run trains
+def test_a_tracked_run_has_its_whole_config_as_params(tracked_run):
+    import yaml
+
+    done, _, run = tracked_run
+    config = yaml.safe_load((done.run_dir / ".hydra" / "config.yaml").read_text())
+    assert set(run.data.params) == {key for key, _ in _flat(config)}
+    assert run.data.params["trainer.steps"] == "3" and run.data.params["backend.name"] == "torch"
+    assert run.info.status == "FINISHED"
+
+
+@pytest.mark.slow  # MLflow creates its tables (about 8 s) and the run trains
+def test_a_tracked_run_says_what_ran_as_it_observed_it(tracked_run):
+    done, _, run = tracked_run
+    summary, tags = done.summary(), run.data.tags
+    assert tags["framework"] == "torch" and tags["framework_version"] == summary["version"]
+    assert tags["precision.effective"] == summary["precision"]["effective"]
+    assert (
+        tags["cpu.model"] == summary["cpu"]["model"] and tags["cpu.extensions"].split() == summary["cpu"]["extensions"]
+    )
+    assert run.data.metrics["summary.final.loss"] == pytest.approx(summary["final"]["loss"])
+
+
+@pytest.mark.slow  # MLflow creates its tables (about 8 s) and the run trains
+def test_a_tracked_run_logs_every_step_and_keeps_its_files(tracked_run):
+    done, client, run = tracked_run
+    history = client.get_metric_history(run.info.run_id, "loss")
+    assert [(m.step, m.value) for m in history] == [(r["step"], pytest.approx(r["loss"])) for r in done.metrics()]
+    files = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"summary.json", "metrics.jsonl", "unitrain.log"} <= files
+    assert holding_the_environment(done.run_dir) == []
+
+
+@pytest.mark.slow
+def test_a_sweep_is_one_experiment_with_a_parent_and_rank_0s_steps_per_job(tmp_path):
+    """Both frameworks, each data parallel on 2 processes: one child run per job under the
+    sweep's parent, each with its steps once (only rank 0 logs), and the report on the parent."""
+    from unitrain.host.ports import free_port
+
+    args = ["-m", "backend=paddle,torch", *JOB, "dist.nproc_per_node=2", "trainer.threads=1"]
+    done = run_unitrain([*args, f"dist.master_port={free_port()}"], tmp_path, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    sweep = tmp_path / "multirun"
+    record = json.loads((sweep / "mlflow.json").read_text())
+    client = _client(record["uri"])
+    runs = client.search_runs([record["experiment_id"]])
+    parent = next(r for r in runs if r.info.run_id == record["run_id"])
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    assert sorted(r.data.tags["framework"] for r in children) == ["paddle", "torch"]
+    for child in children:
+        assert child.data.tags["world_size"] == "2" and child.info.status == "FINISHED"
+        assert [m.step for m in client.get_metric_history(child.info.run_id, "loss")] == [1, 2, 3]
+    assert {"report.html", "comparison.md"} <= {a.path for a in client.list_artifacts(parent.info.run_id)}
+    # The artifact store's copies of the jobs' files are not runs of the comparison.
+    assert (sweep / "comparison.md").read_text().count("| tiny |") == 2
+    assert holding_the_environment(sweep) == []
+
+
+@pytest.mark.parametrize(
+    "uri, expected",
+    [
+        ("http://127.0.0.1:{port}", "a tracking server that answers (it did not:"),
+        ("ftp://example.org/x", "an http(s):// server or a database URI such as sqlite:///path"),
+    ],
+    ids=["unreachable", "unknown scheme"],
+)
+def test_a_tracking_uri_that_cannot_be_used_is_one_line_before_anything_runs(tmp_path, monkeypatch, uri, expected):
+    from unitrain.host.ports import free_port
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri.format(port=free_port()))
+    said = refusal(["backend=torch", *JOB], tmp_path)
+    assert said is not None and said.startswith("unitrain: error: MLFLOW_TRACKING_URI=") and expected in said, said
+    assert "\n" not in said and not os.listdir(tmp_path)
+
+
+def test_a_server_uris_credentials_are_never_recorded():
+    from unitrain.train.tracking import public_uri
+
+    assert public_uri("https://user:s3cret@mlflow.example.org:5000/x") == "https://mlflow.example.org:5000/x"
+    assert public_uri("sqlite:////tmp/mlflow.db") == "sqlite:////tmp/mlflow.db"
