@@ -383,16 +383,12 @@ QUICK_QUANTIZE = ["batches=[4]", "min_time_s=0", "min_iters=3", "warmup=1", "pai
 QUICK_QUANTIZE += ["calib_batches=1", "calib_batch_size=8"]
 
 
-#: Paddle's int8 path first exports the fp32 model, which fails as ``NOT_EXPORTED_FOR_PADDLE`` says.
-NOT_QUANTIZED_BY_PADDLE = {
-    "unet": "running the paddle native artifact to check it failed: NotImplementedError",
-}
-#: What Paddle's inference runtime does not take of the converted code: interpolate's float scale
-#: factors, an attribute Paddle Inference's oneDNN kernels do not read.
-NOT_EXPORTED_FOR_PADDLE = {
-    "unet": "running the paddle native artifact to check it failed: NotImplementedError: (Unimplemented) "
-    "ConvertPirAttribute2RuntimeAttribute not support",
-}
+#: Paddle's int8 path first exports the fp32 model, checked as ``NOT_EXPORTED_FOR_PADDLE`` says;
+#: the ViT's converted attention traces into its legacy program through unitrain's bridge.
+NOT_QUANTIZED_BY_PADDLE: dict = {}
+#: What Paddle's inference runtime does not take of the converted code (the U-Net's interpolate
+#: runs there as unitrain's bridge traces it: gathers and weighted sums, no interpolation op).
+NOT_EXPORTED_FOR_PADDLE: dict = {}
 
 
 #: One model of each outcome (MobileNetV2 and the MLP-Mixer go as the ConvMixer does: measured,
@@ -471,3 +467,47 @@ def test_the_attention_bridge_computes_torchs_multihead_attention(batch_first, s
         np.testing.assert_allclose(b[0].numpy(), a[0].detach().numpy(), atol=1e-6)
         if need_weights:
             np.testing.assert_allclose(b[1].numpy(), a[1].detach().numpy(), atol=1e-6)
+
+
+#: torch's interpolate arguments the bridge is checked on: (mode, align_corners, argument, value),
+#: on 7x8 maps, where 1.5 is not out/in (7 * 1.5 = 10.5 -> 10) and torch maps with 1.5 itself.
+INTERPOLATIONS = [
+    (mode, corners, arg, value)
+    for mode, corners in [("nearest", None), ("bilinear", False), ("bilinear", True)]
+    for arg, value in [("scale_factor", 2), ("scale_factor", 1.5), ("size", (11, 13))]
+] + [("bicubic", False, "scale_factor", 1.5), ("nearest-exact", None, "scale_factor", 1.5)]
+
+
+def test_interpolate_samples_as_torch_in_dygraph_and_in_paddle_inferences_onednn(tmp_path):
+    """The bridge for torch's interpolate, in dygraph and traced: a program PaConvert's
+    paddle.nn.functional.interpolate would fill with an op Paddle Inference's oneDNN cannot run."""
+    import paddle
+    import torch
+
+    from unitrain.backends.paddle import translate
+    from unitrain.backends.paddle.export import save_native
+    from unitrain.backends.paddle.infer import PaddleInference
+
+    class Resized(paddle.nn.Layer):
+        def __init__(self, calls):
+            super().__init__()
+            self.calls = calls
+            # jit.save writes no .pdiparams for a model without parameters
+            self.w = self.create_parameter([1], default_initializer=paddle.nn.initializer.Constant(1))
+
+        def forward(self, x):
+            return paddle.concat([translate.interpolate(x * self.w, **kw).flatten(1) for kw in self.calls], 1)
+
+    x = np.random.RandomState(0).randn(2, 3, 7, 8).astype("float32")
+    calls = [{"mode": mode, "align_corners": corners, arg: value} for mode, corners, arg, value in INTERPOLATIONS]
+    torch_says = np.concatenate(
+        [torch.nn.functional.interpolate(torch.from_numpy(x), **kw).flatten(1).numpy() for kw in calls], 1
+    )
+    model = Resized(calls)
+    model.eval()
+    assert np.abs(model(paddle.to_tensor(x)).numpy() - torch_says).max() < 1e-6
+    program = save_native(model, tmp_path / "model", x, None)[0]
+    assert "interp" not in program.read_text()
+    runtime = PaddleInference(program, threads=2, optimized=True)
+    runtime.load()
+    assert np.abs(runtime.run(runtime.prepare(x)) - torch_says).max() < 1e-6

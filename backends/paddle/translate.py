@@ -13,9 +13,12 @@ kinds of its output are replaced here, in the converted text, and docs/models.md
   expecting it changed). Any other missing name is refused in one line (:func:`missing_names`),
   never an AttributeError;
 - torch's shape arguments that Paddle's dygraph takes but its tracers (export, int8) do not:
-  ``t.view(a, b)``, ``t.expand(a, b)``, ``t.size(i)`` (:class:`_Shapes`); and
-  ``paddle.compat.nn.MultiheadAttention``, whose attention the legacy tracer of the int8 path
-  does not take (:func:`_multihead_attention`).
+  ``t.view(a, b)``, ``t.expand(a, b)``, ``t.size(i)`` (:class:`_Shapes`);
+- ``paddle.compat.nn.MultiheadAttention``, whose attention the legacy tracer of the int8 path
+  does not take (:func:`_multihead_attention`);
+- ``interpolate``, ``upsample`` and the ``Upsample`` layers: Paddle Inference's oneDNN path
+  cannot run a PIR program with any interpolation op in it
+  (:mod:`unitrain.backends.paddle.resample`).
 
 No paddle import until :func:`missing_names` checks names.
 """
@@ -31,6 +34,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from unitrain.backends.paddle import QUIET_ON_IMPORT
+from unitrain.backends.paddle.resample import interpolate, upsample  # noqa: F401 - converted code calls both
 from unitrain.errors import BackendUnavailableError, UnitrainError
 from unitrain.interface.translate import FileTranslation, Unconverted
 
@@ -52,6 +56,11 @@ _SUBSTITUTES = {
     "paddle.nn.functional.leaky_relu": f"{_BRIDGE}.leaky_relu",
     "paddle.nn.functional.mish": f"{_BRIDGE}.mish",
     "paddle.compat.nn.MultiheadAttention": f"{_BRIDGE}.MultiheadAttention",
+    "paddle.nn.functional.interpolate": f"{_BRIDGE}.interpolate",
+    "paddle.nn.functional.upsample": f"{_BRIDGE}.upsample",
+    "paddle.nn.Upsample": f"{_BRIDGE}.Upsample",
+    "paddle.nn.UpsamplingNearest2d": f"{_BRIDGE}.UpsamplingNearest2d",
+    "paddle.nn.UpsamplingBilinear2d": f"{_BRIDGE}.UpsamplingBilinear2d",
 }
 _NOT_SUPPORTED = re.compile(r"^\[(?P<file>[^\]]+?):(?P<line>\d+)\] \[Not Support\] convert (?P<api>\S+) to Paddle")
 
@@ -222,10 +231,36 @@ def _bridges():
         def __init__(self, negative_slope=0.01, inplace=False, name=None):
             super().__init__(negative_slope, name=name)
 
+    class Upsample(nn.Layer):
+        """torch.nn.Upsample on :func:`interpolate` (Paddle's own layer calls Paddle's interpolate)."""
+
+        def __init__(
+            self, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None
+        ):
+            super().__init__()
+            self.size, self.scale_factor, self.mode = size, scale_factor, mode
+            self.align_corners, self.recompute_scale_factor = align_corners, recompute_scale_factor
+
+        def forward(self, input):
+            return interpolate(
+                input, self.size, self.scale_factor, self.mode, self.align_corners, self.recompute_scale_factor
+            )
+
+    class UpsamplingNearest2d(Upsample):
+        def __init__(self, size=None, scale_factor=None):
+            super().__init__(size, scale_factor, "nearest")
+
+    class UpsamplingBilinear2d(Upsample):
+        def __init__(self, size=None, scale_factor=None):
+            super().__init__(size, scale_factor, "bilinear", align_corners=True)
+
     return {
         "MultiheadAttention": _multihead_attention(),
         "ReLU": ReLU,
         "LeakyReLU": LeakyReLU,
+        "Upsample": Upsample,
+        "UpsamplingNearest2d": UpsamplingNearest2d,
+        "UpsamplingBilinear2d": UpsamplingBilinear2d,
         "BatchNorm2D": BatchNorm2D,
         "MaxPool1d": max_pool(nn.MaxPool1D, "MaxPool1d"),
         "MaxPool2d": max_pool(nn.MaxPool2D, "MaxPool2d"),
@@ -319,7 +354,18 @@ def mish(x, inplace=False, name=None):
 
 
 _DEFINED: Dict[str, type] = {}
-_CLASSES = ("BatchNorm2D", "MaxPool1d", "MaxPool2d", "MaxPool3d", "ReLU", "LeakyReLU", "MultiheadAttention")
+_CLASSES = (
+    "BatchNorm2D",
+    "MaxPool1d",
+    "MaxPool2d",
+    "MaxPool3d",
+    "ReLU",
+    "LeakyReLU",
+    "Upsample",
+    "UpsamplingNearest2d",
+    "UpsamplingBilinear2d",
+    "MultiheadAttention",
+)
 
 
 def __getattr__(name: str):

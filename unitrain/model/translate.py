@@ -195,10 +195,11 @@ def _imports(path: Path, package: Tuple[str, ...]) -> List[str]:
 
 
 def _digest(source: Source, converter: str, module: Any) -> str:
-    """The cache key: the sources, the converter, and unitrain's substitutions (its translate
-    module's code: a bridge added since a tree was cached changes what conversion writes)."""
+    """The cache key: the sources, the converter, and unitrain's substitutions (the code of the
+    translate module's backend: a bridge added since a tree was cached changes what it runs)."""
     digest = hashlib.sha256(f"{converter}\n{unitrain_version()}\n".encode())
-    digest.update(Path(module.__file__).read_bytes())
+    for own in sorted(Path(module.__file__).parent.glob("*.py")):
+        digest.update(own.read_bytes())
     for rel in source.files:
         digest.update(f"{rel}\n".encode())
         digest.update((source.root / rel).read_bytes())
