@@ -24,8 +24,9 @@ _NATIVE_SUFFIXES = (".json", ".pdiparams")
 
 
 def _spec(example: np.ndarray, batch: Optional[int]):
-    # A None batch dimension gives a program that accepts any batch size.
-    return [paddle.static.InputSpec([batch, *example.shape[1:]], "float32", "images")]
+    # A None batch dimension gives a program that accepts any batch size; the dtype is the
+    # example's (float32 images, int64 token ids).
+    return [paddle.static.InputSpec([batch, *example.shape[1:]], example.dtype.name, "images")]
 
 
 def save_native(model: paddle.nn.Layer, stem: Path, example: np.ndarray, batch: Optional[int]) -> List[Path]:

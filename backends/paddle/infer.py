@@ -4,14 +4,16 @@ its IR/oneDNN optimizations, and ``paddle.jit.load``; for a quantized legacy pro
 
 from __future__ import annotations
 
+import json
 import re
 import tempfile
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import paddle
 
+from unitrain.errors import UnitrainError
 from unitrain.interface.infer import Runtime
 
 __all__ = ["runtimes"]
@@ -32,6 +34,30 @@ def program_kernels(path: Path) -> Dict[str, int]:
         "quantize": ops.count("quantize_linear"),
         "dequantize": ops.count("dequantize_linear"),
     }
+
+
+def input_dtype(path: Path, name: Optional[str] = None) -> np.dtype:
+    """The dtype the program declares for its input ``name`` (None, for a PIR program: its first),
+    float32 images or int64 token ids: the PIR program's ``data`` op, or the legacy ProgramDesc's
+    variable. (The predictor's input handle says float32 until data is copied in, whatever the
+    program takes.)"""
+    if path.suffix == ".pdmodel":
+        return _legacy_input_dtype(path, name)
+    for op in json.loads(path.read_text())["program"]["regions"][0]["blocks"][0]["ops"]:
+        attrs = {a["N"]: a["AT"]["D"] for a in op.get("A", []) if isinstance(a, dict) and "AT" in a}
+        if op["#"].endswith(".data") and name in (None, attrs.get("name")):
+            return np.dtype(attrs["dtype"])
+    raise UnitrainError(f"{path.name} declares no input named {name}")
+
+
+def _legacy_input_dtype(path: Path, name: str) -> np.dtype:
+    from paddle.base.data_feeder import convert_dtype
+
+    desc = _program(path.read_bytes())  # kept alive: the block and its variables point into it
+    var = desc.block(0).find_var(name.encode())
+    if var is None:
+        raise UnitrainError(f"{path.name} declares no input named {name}")
+    return np.dtype(convert_dtype(var.dtype()))
 
 
 #: Conv and linear operators before and after Paddle Inference's fusions.
@@ -117,13 +143,14 @@ class PaddleInference(Runtime):
             self.predictor = inference.create_predictor(config)
             self.kernels = legacy_kernels(self.path.read_bytes()) if self.legacy else program_kernels(self.path)
         self.config = config
-        self.input = self.predictor.get_input_handle(self.predictor.get_input_names()[0])
+        name = self.predictor.get_input_names()[0]
+        self.input, self.input_dtype = self.predictor.get_input_handle(name), input_dtype(self.path, name)
         self.output = self.predictor.get_output_handle(self.predictor.get_output_names()[0])
 
     def prepare(self, images: np.ndarray):
         # Copied into the predictor's input tensor before the clock; each run reuses it.
         self.input.reshape(list(images.shape))
-        self.input.copy_from_cpu(np.ascontiguousarray(images, dtype=np.float32))
+        self.input.copy_from_cpu(np.ascontiguousarray(images, dtype=self.input_dtype))
         return None
 
     def run(self, prepared) -> np.ndarray:
@@ -147,9 +174,10 @@ class PaddleJit(Runtime):
         paddle.set_device("cpu")
         self.layer = paddle.jit.load(_prefix(self.path))
         self.layer.eval()
+        self.input_dtype = input_dtype(self.path)
 
     def prepare(self, images: np.ndarray):
-        return paddle.to_tensor(np.ascontiguousarray(images, dtype=np.float32))
+        return paddle.to_tensor(np.ascontiguousarray(images, dtype=self.input_dtype))
 
     def run(self, prepared) -> np.ndarray:
         with paddle.no_grad():

@@ -55,7 +55,8 @@ def check(method: str, per_channel: bool) -> None:
 
 
 def _spec(example: np.ndarray):
-    return [paddle.static.InputSpec([None, *example.shape[1:]], "float32", "images")]
+    # Any batch size; the example's dtype (float32 images, int64 token ids).
+    return [paddle.static.InputSpec([None, *example.shape[1:]], example.dtype.name, "images")]
 
 
 def _files(prefix: Path) -> List[Path]:

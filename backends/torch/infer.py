@@ -45,6 +45,13 @@ def load_program(path: Path):
     return torch.export.load(str(path))
 
 
+def input_dtype(program) -> np.dtype:
+    """The dtype the program was exported for: its (first) user input's, as the graph declares it."""
+    name = program.graph_signature.user_inputs[0]
+    declared = next(n.meta["val"].dtype for n in program.graph.nodes if n.op == "placeholder" and n.name == name)
+    return torch.empty(0, dtype=declared).numpy().dtype
+
+
 def _graph_counts(module) -> Dict[str, int]:
     targets = [str(n.target) for n in module.graph.nodes if n.op == "call_function"]
     # Without integer kernels in eager mode: dequantized weights feed float conv/linear, and
@@ -62,11 +69,12 @@ class TorchEager(Runtime):
 
     def load(self) -> None:
         torch.set_num_threads(self.threads)
-        self.module = load_program(self.path).module()
+        program = load_program(self.path)
+        self.input_dtype, self.module = input_dtype(program), program.module()
         self.graph_kernels = _graph_counts(self.module)
 
     def prepare(self, images: np.ndarray):
-        self.last = torch.from_numpy(np.ascontiguousarray(images, dtype=np.float32))
+        self.last = torch.from_numpy(np.ascontiguousarray(images, dtype=self.input_dtype))
         return self.last
 
     def run(self, prepared) -> np.ndarray:

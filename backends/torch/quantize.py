@@ -114,6 +114,11 @@ def _drop_unused(module: torch.fx.GraphModule) -> None:
             delattr(module.get_submodule(owner) if owner else module, attr)
 
 
+def _tensor(batch: np.ndarray) -> torch.Tensor:
+    """A batch as the program takes it: its own dtype (float32 images, int64 token ids)."""
+    return torch.from_numpy(np.ascontiguousarray(batch))
+
+
 def _save(converted: torch.fx.GraphModule, example: torch.Tensor, stem: Path) -> Saved:
     _drop_unused(converted)
     path = stem.with_name(stem.name + ".pt2")
@@ -139,8 +144,7 @@ def prepare_qat(model: torch.nn.Module, example: np.ndarray, reduce_range: bool)
     from torchao.quantization.pt2e import allow_exported_model_train_eval
 
     _nonzero_batchnorm_scales(model)
-    x = torch.from_numpy(np.ascontiguousarray(example, dtype=np.float32))
-    graph = torch.export.export(model.train(), (x,), dynamic_shapes=BATCH).module()
+    graph = torch.export.export(model.train(), (_tensor(example),), dynamic_shapes=BATCH).module()
     return allow_exported_model_train_eval(quantize_pt2e.prepare_qat_pt2e(graph, _quantizer("qat", reduce_range, True)))
 
 
@@ -148,9 +152,7 @@ def save_qat(prepared: torch.nn.Module, stem: Path, example: np.ndarray, batches
     """``<stem>.pt2`` (any batch): the fine-tuned model converted to int8 weights and quantize ops, as static."""
     quantize_pt2e = _torchao()
     prepared.eval()
-    return _save(
-        quantize_pt2e.convert_pt2e(prepared), torch.from_numpy(np.ascontiguousarray(example, dtype=np.float32)), stem
-    )
+    return _save(quantize_pt2e.convert_pt2e(prepared), _tensor(example), stem)
 
 
 def save_quantized(
@@ -164,7 +166,7 @@ def save_quantized(
 ) -> Saved:
     """``<stem>.pt2`` for any batch size; ``calibration`` is only read by the static method."""
     quantize_pt2e = _torchao()
-    batches = [torch.from_numpy(np.ascontiguousarray(b, dtype=np.float32)) for b in calibration]
+    batches = [_tensor(b) for b in calibration]
     graph = torch.export.export(model.eval(), (batches[0],), dynamic_shapes=BATCH).module()
     prepared = quantize_pt2e.prepare_pt2e(graph, _quantizer(method, reduce_range, per_channel))
     with torch.no_grad():

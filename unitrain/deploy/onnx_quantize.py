@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import tempfile
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional
 
@@ -30,11 +32,19 @@ def _quiet() -> Iterator[None]:
 
 def _pre_process(quant_pre_process: Callable[..., None], source: Path, prepared: Path) -> None:
     """ONNX Runtime's symbolic shape inference, or ONNX's own where it stops short (paddle2onnx's
-    reshapes that copy a dimension, as in a Vision Transformer's attention)."""
-    try:
-        quant_pre_process(str(source), str(prepared))
-    except Exception:  # noqa: BLE001 - it raises a bare Exception("Incomplete symbolic shape inference")
-        quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+    reshapes that copy a dimension, as in a Vision Transformer's attention; the attention of
+    torch's ONNX of a language model). Where it stops short it leaves the model it got to as
+    ``sym_shape_infer_temp.onnx`` in the working directory: it runs from a temporary one."""
+    source, prepared = source.resolve(), prepared.resolve()
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="unitrain-ort-shapes-") as tmp:
+        os.chdir(tmp)
+        try:
+            quant_pre_process(str(source), str(prepared))
+        except Exception:  # noqa: BLE001 - it raises a bare Exception("Incomplete symbolic shape inference")
+            quant_pre_process(str(source), str(prepared), skip_symbolic_shape=True)
+        finally:
+            os.chdir(here)
 
 
 def quantize_onnx(

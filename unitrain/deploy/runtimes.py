@@ -55,8 +55,18 @@ def onnx_session(path: Path, threads: Optional[int], optimize: bool = True, opti
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def run_onnx(session, images: np.ndarray) -> np.ndarray:
-    return session.run(None, {session.get_inputs()[0].name: np.ascontiguousarray(images, dtype=np.float32)})[0]
+def onnx_input_dtype(session) -> np.dtype:
+    """The dtype the model declares for its (first) input: ``tensor(float)`` float32 images,
+    ``tensor(int64)`` token ids ..."""
+    declared = session.get_inputs()[0].type  # e.g. "tensor(int64)"
+    element = declared[len("tensor(") : -1]
+    return np.dtype({"float": "float32", "double": "float64"}.get(element, element))
+
+
+def run_onnx(session, images: np.ndarray, dtype: Optional[np.dtype] = None) -> np.ndarray:
+    """The logits of ``images`` given as ``dtype`` (None: as the model's input declares)."""
+    feed = np.ascontiguousarray(images, dtype=onnx_input_dtype(session) if dtype is None else dtype)
+    return session.run(None, {session.get_inputs()[0].name: feed})[0]
 
 
 class OnnxRuntime(Runtime):
@@ -71,9 +81,10 @@ class OnnxRuntime(Runtime):
             copy = Path(tmp) / "optimized.onnx"
             self.session = onnx_session(self.path, self.threads, optimized_copy=copy)
             self.kernels = onnx_kernels([n.op_type for n in onnx.load(str(copy)).graph.node])
+        self.input_dtype = onnx_input_dtype(self.session)
 
     def run(self, prepared):
-        return run_onnx(self.session, prepared)
+        return run_onnx(self.session, prepared, self.input_dtype)
 
     def observed(self):
         import onnxruntime as ort
@@ -130,7 +141,7 @@ def accuracy(runtime: Runtime, dataset, samples: int, batch: int, fixed: bool) -
         indices = list(range(start, min(start + batch, samples)))
         images, labels = artifacts.stack(dataset, indices)
         if fixed and len(indices) < batch:
-            images = np.concatenate([images, np.zeros((batch - len(indices), *images.shape[1:]), np.float32)])
+            images = np.concatenate([images, np.zeros((batch - len(indices), *images.shape[1:]), images.dtype)])
         logits = runtime.run(runtime.prepare(images))[: len(indices)]
         correct += int((np.asarray(logits).argmax(1) == labels).sum())
     return {"top1": correct / samples, "samples": samples}

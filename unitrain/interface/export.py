@@ -20,10 +20,12 @@ class ExportModule(Protocol):
     CHECKED_WITH: Mapping[str, str]
 
     def save_native(self, model: Any, stem: Path, example: np.ndarray, batch: Optional[int]) -> List[Path]:
-        """The framework's own deployable format beside ``stem``; ``batch`` None accepts any batch size."""
+        """The framework's own deployable format beside ``stem``; ``batch`` None accepts any batch
+        size. The input takes the example's shape (but the batch) and dtype: float32 images, int64
+        token ids."""
 
     def save_onnx(self, model: Any, stem: Path, example: np.ndarray, batch: Optional[int]) -> List[Path]:
-        """``<stem>.onnx``, whose input is ``images`` and output the logits."""
+        """``<stem>.onnx``, whose input is ``images`` (the example's dtype) and output the logits."""
 
 
 def export_module(backend: str) -> ExportModule:

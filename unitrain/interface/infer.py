@@ -18,6 +18,9 @@ class Runtime:
     name = "runtime"
     #: The runtime of the fp32 model this one is set against (None: its own name).
     baseline: Optional[str] = None
+    #: The input's dtype as the artifact declares it, read by ``load`` (float32 images, int64
+    #: token ids ...): ``prepare`` casts to it.
+    input_dtype: np.dtype = np.dtype(np.float32)
 
     def __init__(self, path: Path, threads: int):
         self.path, self.threads = path, threads
@@ -25,7 +28,7 @@ class Runtime:
     def load(self) -> None: ...
 
     def prepare(self, images: np.ndarray) -> Any:
-        return np.ascontiguousarray(images, dtype=np.float32)
+        return np.ascontiguousarray(images, dtype=self.input_dtype)
 
     def run(self, prepared: Any) -> np.ndarray:
         raise NotImplementedError
