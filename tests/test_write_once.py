@@ -439,6 +439,29 @@ def test_torchs_shape_arguments_are_rewritten_to_what_paddles_tracers_take():
         "v = self.expand(a, b)",  # the module's own method
     ]
     assert counts == {"Tensor.size(dim)": 1, "Tensor.view(*sizes)": 1, "Tensor.expand(*sizes)": 1}
+    code = "q, k = x.split(C, dim=2)\np = paddle.arange(T, device=idx.device)\nd = paddle.device.get_device()\n"
+    rewritten, counts = _traceable_shapes(code)
+    assert rewritten.splitlines()[1:] == [
+        "q, k = unitrain_paddle.split(x, C, dim=2)",
+        "p = paddle.arange(T, device=unitrain_paddle.device_of(idx))",
+        "d = paddle.device.get_device()",
+    ]
+    assert rewritten.startswith("from unitrain.backends.paddle import translate as unitrain_paddle\n")
+    assert counts == {"Tensor.split(size, dim=)": 1, "device=Tensor.device": 1}
+
+
+def test_the_split_bridge_splits_as_torch_does_with_a_remainder():
+    import paddle
+    import torch
+
+    from unitrain.backends.paddle import translate
+
+    x = np.arange(2 * 7 * 3, dtype=np.float32).reshape(2, 7, 3)
+    for size in (3, [2, 5]):
+        ours = translate.split(paddle.to_tensor(x), size, dim=1)
+        theirs = torch.from_numpy(x).split(size, dim=1)
+        assert [t.shape[1] for t in ours] == [t.shape[1] for t in theirs]
+        assert all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(ours, theirs))
 
 
 @pytest.mark.parametrize("batch_first", [True, False])

@@ -56,6 +56,7 @@ _SUBSTITUTES = {
     "paddle.nn.functional.leaky_relu": f"{_BRIDGE}.leaky_relu",
     "paddle.nn.functional.mish": f"{_BRIDGE}.mish",
     "paddle.compat.nn.MultiheadAttention": f"{_BRIDGE}.MultiheadAttention",
+    "paddle.compat.nn.functional.scaled_dot_product_attention": f"{_BRIDGE}.scaled_dot_product_attention",
     "paddle.nn.functional.interpolate": f"{_BRIDGE}.interpolate",
     "paddle.nn.functional.upsample": f"{_BRIDGE}.upsample",
     "paddle.nn.Upsample": f"{_BRIDGE}.Upsample",
@@ -135,26 +136,45 @@ class _Shapes(ast.NodeTransformer):
     in the form its tracers (``paddle.jit.to_static``, the legacy programs of its int8 path) also
     take: ``t.view(a, b)`` -> ``t.reshape([a, b])``, ``t.expand(a, b)`` -> ``t.expand([a, b])``,
     ``t.size(i)`` -> ``t.shape[i]``. Only calls of that exact form (positional arguments, none
-    starred) on something other than a module name."""
+    starred) on something other than a module name. Two more reach the bridges below: ``t.split(n,
+    dim=d)`` (PaConvert's torch-style helper is set on dygraph tensors only, and Paddle's own
+    split takes no ``dim``), and ``device=t.device`` (a legacy program's tensors have no device)."""
 
     def __init__(self) -> None:
         self.counts: Dict[str, int] = {}
 
+    def _count(self, what: str) -> None:
+        self.counts[what] = self.counts.get(what, 0) + 1
+
+    def _bridged(self, name: str, args: List[ast.expr], keywords: List[ast.keyword]) -> ast.Call:
+        return ast.Call(ast.Attribute(ast.Name(_BRIDGE, ast.Load()), name, ast.Load()), args, keywords)
+
     def visit_Call(self, node: ast.Call) -> ast.AST:
         self.generic_visit(node)
         func = node.func
-        if not isinstance(func, ast.Attribute) or node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+        for keyword in node.keywords:
+            value = keyword.value
+            if keyword.arg == "device" and isinstance(value, ast.Attribute) and value.attr == "device":
+                if _dotted(value) is None:  # a tensor's, not paddle.device
+                    self._count("device=Tensor.device")
+                    keyword.value = ast.copy_location(self._bridged("device_of", [value.value], []), value)
+        if not isinstance(func, ast.Attribute) or any(isinstance(a, ast.Starred) for a in node.args):
             return node
         if isinstance(func.value, ast.Name) and func.value.id in ("paddle", _BRIDGE, "self"):
             return node
+        if func.attr == "split" and any(k.arg == "dim" for k in node.keywords) and len(node.args) == 1:
+            self._count("Tensor.split(size, dim=)")
+            return ast.copy_location(self._bridged("split", [func.value, *node.args], node.keywords), node)
+        if node.keywords:
+            return node
         if func.attr in ("view", "expand") and len(node.args) >= 2:
-            self.counts[f"Tensor.{func.attr}(*sizes)"] = self.counts.get(f"Tensor.{func.attr}(*sizes)", 0) + 1
+            self._count(f"Tensor.{func.attr}(*sizes)")
             method = "reshape" if func.attr == "view" else "expand"
             return ast.copy_location(
                 ast.Call(ast.Attribute(func.value, method, ast.Load()), [ast.List(node.args, ast.Load())], []), node
             )
         if func.attr == "size" and len(node.args) == 1:
-            self.counts["Tensor.size(dim)"] = self.counts.get("Tensor.size(dim)", 0) + 1
+            self._count("Tensor.size(dim)")
             shape = ast.Attribute(func.value, "shape", ast.Load())
             return ast.copy_location(ast.Subscript(shape, node.args[0], ast.Load()), node)
         return node
@@ -163,7 +183,11 @@ class _Shapes(ast.NodeTransformer):
 def _traceable_shapes(code: str) -> tuple[str, Dict[str, int]]:
     shapes = _Shapes()
     tree = ast.fix_missing_locations(shapes.visit(ast.parse(code)))
-    return (ast.unparse(tree) + "\n", shapes.counts) if shapes.counts else (code, {})
+    if not shapes.counts:
+        return code, {}
+    code = ast.unparse(tree) + "\n"
+    bridged = f"{_BRIDGE}." in code and _IMPORT not in code
+    return (_IMPORT + code if bridged else code), shapes.counts
 
 
 def _dotted(node: ast.AST) -> Optional[str]:
@@ -328,6 +352,69 @@ def _multihead_attention():
             return out if b is None else out + b
 
     return MultiheadAttention
+
+
+def split(tensor, split_size_or_sections, dim=0):
+    """torch's ``Tensor.split`` (a chunk size, or a list of sizes, along ``dim``) on any Paddle
+    tensor, in dygraph and traced alike."""
+    import paddle
+
+    if isinstance(split_size_or_sections, int):
+        size, chunk = tensor.shape[dim], split_size_or_sections
+        if size is None or size < 0:
+            raise UnitrainError(
+                f"torch's Tensor.split({chunk}, dim={dim}) on a dimension whose size is only known when it runs "
+                "cannot be traced for Paddle; allowed: a list of sizes, or a dimension of fixed size"
+            )
+        sections = [chunk] * (size // chunk) + ([size % chunk] if size % chunk else [])
+        return paddle.split(tensor, sections, axis=dim)
+    return paddle.split(tensor, list(split_size_or_sections), axis=dim)
+
+
+def device_of(tensor):
+    """torch's ``t.device`` as a device argument: the tensor's in dygraph; while tracing, None
+    (the program's device), since a legacy program's tensors have none (PIR's warn)."""
+    import paddle
+
+    return tensor.device if paddle.in_dynamic_mode() else None
+
+
+def scaled_dot_product_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """torch's F.scaled_dot_product_attention: Paddle's compat function in dygraph and PIR; in a
+    legacy program (Paddle's int8 path), whose shapes are tuples its ``shape.numel()`` cannot
+    read, written out in matmul and softmax, a causal mask a constant of the traced sizes."""
+    import paddle
+
+    if paddle.in_dynamic_mode() or paddle.framework.in_pir_mode():
+        compat = paddle.compat.nn.functional.scaled_dot_product_attention
+        return compat(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    return _written_out_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
+
+
+def _written_out_attention(query, key, value, attn_mask, dropout_p, is_causal, scale):
+    import numpy as np
+    import paddle
+    from paddle.nn import functional as F
+
+    rows, cols, depth = query.shape[-2], key.shape[-2], query.shape[-1]
+    scores = paddle.matmul(query, key, transpose_y=True) * (scale or depth**-0.5)
+    if is_causal:
+        if rows < 0 or cols < 0:
+            raise UnitrainError(
+                "causal attention over a length known only when it runs cannot be traced into Paddle's int8 "
+                "program; allowed: inputs of a fixed length (the exported batch's)"
+            )
+        scores = scores + paddle.assign(np.triu(np.full((rows, cols), -np.inf, np.float32), 1))
+    if attn_mask is not None and attn_mask.dtype == paddle.bool:
+        scores = paddle.where(attn_mask, scores, paddle.full_like(scores, -np.inf))
+    elif attn_mask is not None:
+        scores = scores + attn_mask
+    weights = F.softmax(scores, axis=-1)
+    if dropout_p > 0:
+        weights = F.dropout(weights, dropout_p)
+    return paddle.matmul(weights, value)
 
 
 def torch_assert(condition, message) -> None:
