@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch==2.13.0 is pinned in the extra; a looser pin would pull several GB of CUDA packages.
-	$(PY) -m pip install --quiet -e '.[paddle,torch,dev,export,quantize,convert,tracking,cluster,elastic]'
+	$(PY) -m pip install --quiet -e '.[paddle,torch,dev,export,quantize,convert,tracking,sweeps,cluster,elastic]'
 	touch $(STAMP)
 
 setup: $(STAMP)
