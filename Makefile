@@ -11,7 +11,7 @@ PS_STAMP := $(PS_VENV)/.installed
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: run test test-slow test-all lint format bench recipe setup ps-env clean fashion-mnist netns slurm etcd
+.PHONY: run test test-slow test-all lint format bench recipe setup ps-env clean fashion-mnist netns slurm etcd chromium
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,16 @@ fashion-mnist:
 	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q dataset-fashion-mnist >/dev/null 2>&1; } || \
 	  echo "could not install dataset-fashion-mnist: the Fashion-MNIST tests will skip"; \
 	else echo "Fashion-MNIST is not installed and this is not root with apt-get: the Fashion-MNIST tests will skip"; fi
+
+# Debian's chromium, headless, for the screenshots of report.html (scripts/render_report.sh) and
+# of MLflow's run view (tests/test_tracking.py), as root with apt-get; otherwise that test skips.
+chromium:
+	@if command -v chromium >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; } || \
+	  echo "could not install chromium: the MLflow screenshot test will skip"; \
+	else echo "chromium is not installed and this is not root with apt-get: the MLflow screenshot test will skip"; fi
 
 # iproute2 (`ip netns`) for the multi-node tests' separate hosts (scripts/netns_hosts.py), as
 # root with apt-get; otherwise those tests skip and say why.
@@ -86,7 +96,7 @@ test: $(STAMP) $(PS_STAMP) fashion-mnist
 # Two at a time (pytest-xdist, a test file to a worker): most of their time is processes
 # starting, waiting for each other and ending; those that time how soon something ends or watch
 # every process of the machine (marked serial) run alone after them.
-test-slow: $(STAMP) $(PS_STAMP) fashion-mnist netns slurm etcd
+test-slow: $(STAMP) $(PS_STAMP) fashion-mnist netns slurm etcd chromium
 	$(PY) -m pytest -q -m "slow and not serial" -n 2 --dist loadfile --durations=20 $(call junit,slow)
 	$(PY) -m pytest -q -m "slow and serial" --durations=10 $(call junit,serial)
 

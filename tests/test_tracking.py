@@ -73,18 +73,25 @@ def test_a_tracked_run_logs_every_step_and_keeps_its_files(tracked_run):
     assert holding_the_environment(done.run_dir) == []
 
 
-@pytest.mark.slow
-def test_a_sweep_is_one_experiment_with_a_parent_and_rank_0s_steps_per_job(tmp_path):
-    """Both frameworks, each data parallel on 2 processes: one child run per job under the
-    sweep's parent, each with its steps once (only rank 0 logs), and the report on the parent."""
+@pytest.fixture(scope="module")
+def tracked_sweep(tmp_path_factory):
+    """Both frameworks, each data parallel on 2 processes, in one tracked multirun."""
     from unitrain.host.ports import free_port
 
+    root = tmp_path_factory.mktemp("tracked-sweep")
     args = ["-m", "backend=paddle,torch", *JOB, "dist.nproc_per_node=2", "trainer.threads=1"]
-    done = run_unitrain([*args, f"dist.master_port={free_port()}"], tmp_path, timeout=600)
+    done = run_unitrain([*args, f"dist.master_port={free_port()}"], root, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
-    sweep = tmp_path / "multirun"
+    sweep = root / "multirun"
     record = json.loads((sweep / "mlflow.json").read_text())
-    client = _client(record["uri"])
+    return sweep, record, _client(record["uri"])
+
+
+@pytest.mark.slow
+def test_a_sweep_is_one_experiment_with_a_parent_and_rank_0s_steps_per_job(tracked_sweep):
+    """One child run per job under the sweep's parent, each with its steps once (only rank 0
+    logs), and the report on the parent."""
+    sweep, record, client = tracked_sweep
     runs = client.search_runs([record["experiment_id"]])
     parent = next(r for r in runs if r.info.run_id == record["run_id"])
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
@@ -96,6 +103,69 @@ def test_a_sweep_is_one_experiment_with_a_parent_and_rank_0s_steps_per_job(tmp_p
     # The artifact store's copies of the jobs' files are not runs of the comparison.
     assert (sweep / "comparison.md").read_text().count("| tiny |") == 2
     assert holding_the_environment(sweep) == []
+
+
+@pytest.mark.slow
+def test_mlflows_own_server_shows_the_sweep_and_a_browser_renders_it(tracked_sweep, tmp_path):
+    """``mlflow server`` on the sweep's store serves the runs, and headless Chromium draws its
+    run view (the screenshot docs/sweeps-and-tracking.md shows)."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from unitrain.host.ports import free_port
+
+    if shutil.which("chromium") is None:
+        pytest.skip("no chromium (make chromium installs Debian's)")
+    sweep, record, _ = tracked_sweep
+    port = free_port()
+    mlflow = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", record["uri"], "--workers", "1"]
+    server = subprocess.Popen(
+        [*mlflow, "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # its workers go with it
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                urllib.request.urlopen(f"{url}/health", timeout=2).close()
+                break
+            except OSError:
+                time.sleep(0.5)
+        runs = json.loads(
+            urllib.request.urlopen(
+                urllib.request.Request(
+                    f"{url}/api/2.0/mlflow/runs/search",
+                    data=json.dumps({"experiment_ids": [record["experiment_id"]]}).encode(),
+                    headers={"Content-Type": "application/json"},
+                ),
+                timeout=10,
+            ).read()
+        )["runs"]
+        assert len(runs) == 3  # the parent and a child per framework
+        children = [r["info"]["run_id"] for r in runs if r["info"]["run_id"] != record["run_id"]]
+        compare = (
+            f"{url}/#/compare-runs?runs={json.dumps(children)}&experiments={json.dumps([record['experiment_id']])}"
+        )
+        shot = tmp_path / "mlflow-runs.png"
+        browser = ["timeout", "90", "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars"]
+        browser += ["--virtual-time-budget=10000", "--window-size=1400,1400", f"--screenshot={shot}"]
+        profile = ["--user-data-dir=" + str(tmp_path / "profile")]
+        subprocess.run(
+            [*browser, *profile, compare.replace('"', "%22").replace(" ", "")], capture_output=True, timeout=120
+        )
+        assert shot.exists() and shot.stat().st_size > 20_000  # the page, not its loading skeleton
+        if os.environ.get("UNITRAIN_DOC_IMAGES"):
+            shutil.copy(shot, os.environ["UNITRAIN_DOC_IMAGES"])
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
 
 
 @pytest.mark.parametrize(

@@ -16,13 +16,14 @@ from unitrain.config.schema import Logger, register_configs
 from unitrain.errors import NothingLeftToRun, Refusal, Stopped, UnitrainError
 from unitrain.jobs.kind import JobKind
 from unitrain.jobs.select import job_kind, validate
-from unitrain.launch import slurm
+from unitrain.launch import search, slurm
 from unitrain.launch.hydra import discard_refused, hydra_entry
 from unitrain.report.training import table, write_report
-from unitrain.train import tracking
+from unitrain.train import objective, tracking
 from unitrain.train.trainer import out_of_memory
 
 register_configs()
+search.register_resolvers()
 
 
 def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
@@ -56,11 +57,13 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         code = getattr(err, "exit_code", 2)
         if isinstance(err, Refusal) and code == 2:
             discard_refused(run_dir)
-        sys.exit(code)
+        if isinstance(err, Stopped):  # a signal stops a search too
+            sys.exit(code)
+        return _failed_trial(code)
     except MemoryError:
         print(f"unitrain: error: {out_of_memory(cfg)}", file=sys.stderr, flush=True)
         discard_refused(run_dir)
-        sys.exit(2)
+        return _failed_trial(2)
     if summary is None:
         print(f"node {cfg.dist.node_rank} finished; {kind.summary_holder(cfg)} holds the summary", flush=True)
     elif HydraConfig.get().mode.name == "RUN" and cfg.trainer.repeats > 1:
@@ -85,9 +88,22 @@ def _raise_stopped(signum, frame) -> None:
     raise Stopped(signum)
 
 
+def _failed_trial(code: int) -> None:
+    """A search goes on past a trial that failed (its objective is the worst value); any other
+    job stops with the error's exit status."""
+    if search.searching(HydraConfig.get()):
+        return None
+    sys.exit(code)
+
+
 @hydra.main(version_base=None, config_path="pkg://unitrain.conf", config_name="config")
-def _hydra_main(cfg: DictConfig) -> None:
-    run(cfg)
+def _hydra_main(cfg: DictConfig) -> Optional[float]:
+    summary = run(cfg)
+    if not search.searching(HydraConfig.get()):
+        return None
+    result = objective.value(cfg.objective, summary, Path(HydraConfig.get().runtime.output_dir))
+    print(f"unitrain: objective {cfg.objective.metric} = {result:.6g}", flush=True)
+    return result
 
 
 def main() -> None:

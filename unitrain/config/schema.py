@@ -96,6 +96,11 @@ class NonFinite(Choice):
     warn = "warn"
 
 
+class ObjectiveMetric(Choice):
+    heldout = "heldout"
+    time_to_target = "time_to_target"
+
+
 class Malloc(Choice):
     fixed = "fixed"
     dynamic = "dynamic"
@@ -375,6 +380,16 @@ class ProfilerConfig:
 
 
 @dataclass
+class ObjectiveConfig:
+    # What a job returns to a searching sweeper (hydra/sweeper=optuna, docs/sweeps-and-tracking.md):
+    # heldout, the last held-out top-1 (AUC for wide&deep), maximized; or time_to_target, the
+    # seconds (training and evaluation) until the held-out top-1 first reaches `target`, minimized.
+    # A failed, diverged or never-reaching trial returns the worst value, and the search goes on.
+    metric: ObjectiveMetric = ObjectiveMetric.heldout
+    target: Optional[float] = None
+
+
+@dataclass
 class UnitrainConfig:
     """The root schema; conf/config.yaml lists it first, then one option per group."""
 
@@ -386,6 +401,7 @@ class UnitrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     dist: DistConfig = field(default_factory=DistConfig)
     profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
 
 
 # --- the other commands' schemas ---------------------------------------------------------

@@ -249,3 +249,13 @@ def check_config(cfg: UnitrainConfig) -> None:
     _check_amp(cfg.amp)
     _check_dist(cfg)
     _check_profiler(cfg.profiler)
+    _check_objective(cfg.objective)
+
+
+def _check_objective(objective: Any) -> None:
+    target = objective.target
+    if objective.metric == "time_to_target":
+        if target is None or not math.isfinite(target) or not 0 < target <= 1:
+            raise ConfigError("objective.target", target, "the held-out top-1 to reach, a number in (0, 1]")
+    elif target is not None:
+        raise ConfigError("objective.target", target, "null with objective.metric=heldout (it reads no target)")

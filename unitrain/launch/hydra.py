@@ -6,7 +6,7 @@ import shutil
 import sys
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -69,14 +69,20 @@ def refusal(
     args: List[str], config_name: str = "config", validate: Optional[Callable[[Any], None]] = None
 ) -> Optional[str]:
     """Why the command line ``args`` is refused before anything is written, in one line, or None."""
+    return prepared(args, config_name, validate)[0]
+
+
+def prepared(
+    args: List[str], config_name: str = "config", validate: Optional[Callable[[Any], None]] = None
+) -> Tuple[Optional[str], Dict[str, str]]:
+    """The refusal of ``args`` (or None), and the overrides unitrain adds (a search's defaults)."""
     problem = bare_argument(args) or check_group_choices(args)
     if problem or preflight.quick_flags(args):
-        return problem
+        return problem, {}
     try:
-        preflight.check(args, "unitrain.conf", config_name, validate)
+        return None, preflight.check(args, "unitrain.conf", config_name, validate)
     except preflight.PreflightError as err:
-        return str(err)
-    return None
+        return str(err), {}
 
 
 def hydra_entry(
@@ -87,10 +93,13 @@ def hydra_entry(
 ) -> None:
     """Reject bad overrides, values ``validate`` refuses and a run directory holding earlier
     results in one line, before anything is written; then hand the command line to Hydra."""
-    problem = refusal(sys.argv[1:], config_name, validate)
+    problem, added = prepared(sys.argv[1:], config_name, validate)
     if problem:
         print(f"{prog}: error: {problem}", file=sys.stderr)
         sys.exit(2)
+    if added:  # they replace the user's values for the same keys
+        kept = [a for a in sys.argv[1:] if a.split("=")[0].lstrip("+~") not in added]
+        sys.argv[1:] = kept + [f"{key}={value}" for key, value in added.items()]
     try:
         hydra_main()
     except KeyboardInterrupt:

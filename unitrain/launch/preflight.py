@@ -12,7 +12,7 @@ import dataclasses
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from hydra import compose, initialize_config_module
 from hydra.core.global_hydra import GlobalHydra
@@ -21,8 +21,10 @@ from hydra.errors import OverrideParseException
 from omegaconf import BooleanNode, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from unitrain.data.datasets import DATASETS, has_held_out
 from unitrain.errors import UnitrainError
 from unitrain.host.threads import available_cores
+from unitrain.launch import search
 
 #: OmegaConf's words for a value outside an Enum.
 _CHOICE = re.compile(r"Invalid value '(.*)', expected one of \[(.*)\]")
@@ -183,25 +185,44 @@ def _check_sweep_launcher(cfg: DictConfig) -> None:
         )
 
 
-def check(
-    args: List[str], config_module: str, config_name: str, validate: Optional[Callable[[Any], None]] = None
-) -> None:
-    """Compose every override against the schema, check what composing cannot (keys nothing
-    declares, booleans, ``validate``'s value checks), then the run (or sweep) directory."""
-    overrides = _overrides(args)
-    multirun = "-m" in args or "--multirun" in args
-    try:
-        runs = _single_runs(overrides)
-    except OverrideParseException as err:
-        raise PreflightError(one_line(err)) from None
+def _composed(config_module: str, config_name: str, runs: List[List[str]], where: str = "") -> List[DictConfig]:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_module(config_module=config_module, version_base=None):
-            cfgs = [compose(config_name, overrides=run, return_hydra_config=True) for run in runs]
+            return [compose(config_name, overrides=run, return_hydra_config=True) for run in runs]
     except Exception as err:  # noqa: BLE001 - whatever Hydra raises, the user gets one line
-        raise PreflightError(one_line(err)) from None
+        raise PreflightError(where + one_line(err)) from None
     finally:
         GlobalHydra.instance().clear()
+
+
+def check(
+    args: List[str], config_module: str, config_name: str, validate: Optional[Callable[[Any], None]] = None
+) -> Dict[str, str]:
+    """Compose every override against the schema, check what composing cannot (keys nothing
+    declares, booleans, ``validate``'s value checks), then the run (or sweep) directory. A search
+    (hydra/sweeper=optuna) is checked at every end of its space; returns the overrides it adds."""
+    overrides = _overrides(args)
+    multirun = "-m" in args or "--multirun" in args
+    given = [o for o in overrides if o.lstrip("+~").startswith("hydra.sweeper.params.")]
+    if given:
+        key, _, value = given[0].lstrip("+~").partition("=")
+        dimension = f"{key[len('hydra.sweeper.params.') :]}={value.strip(chr(39))}"
+        raise PreflightError(
+            f"{key}={value} is not allowed on the command line (the key's dots would nest it); allowed: "
+            f"{dimension} on the command line, or hydra.sweeper.params in an experiment's YAML"
+        )
+    try:
+        if multirun and config_name == "config":
+            (first,) = _composed(config_module, config_name, [search.plain(overrides)])
+            if search.searching(first.hydra):
+                return _check_search(first, overrides, config_module, validate)
+        runs = _single_runs(overrides)
+    except OverrideParseException as err:
+        raise PreflightError(one_line(err)) from None
+    except UnitrainError as err:
+        raise PreflightError(str(err)) from None
+    cfgs = _composed(config_module, config_name, runs)
     for run, cfg in zip(runs, cfgs):
         _check_values(run, cfg, validate)
         if multirun:
@@ -224,6 +245,50 @@ def check(
                 "which "
                 "this run would replace; allowed: a new directory, or trainer.resume=<that run dir> to continue it"
             )
+    return {}
+
+
+def _check_search(
+    first: DictConfig, overrides: List[str], config_module: str, validate: Optional[Callable[[Any], None]]
+) -> Dict[str, str]:
+    """Every dimension of the search at its ends and choices, as a job would be checked; the
+    sweep's directory; then what unitrain adds (:func:`unitrain.launch.search.completed`)."""
+    dimensions = search.dimensions(first, overrides)
+    if not dimensions:
+        raise PreflightError(
+            "hydra/sweeper=optuna has nothing to search: allowed: hydra.sweeper.params.<key>=interval(a,b), "
+            "choice(...) or range(...), or key=interval(a,b) on the command line"
+        )
+    base = search.plain(overrides)
+    _check_values(base, first, validate)
+    for dim in dimensions:
+        where = f"hydra.sweeper.params.{dim.key}={dim.text}: "
+        runs = [[*base, f"{dim.key}={value}"] for value in dim.ends]
+        for run, cfg in zip(runs, _composed(config_module, "config", runs, where)):
+            try:
+                _check_values(run, cfg, validate)
+            except PreflightError as err:
+                raise PreflightError(where + str(err)) from None
+    if first.trainer.repeats != 1:
+        raise PreflightError(f"trainer.repeats={first.trainer.repeats} is not allowed in a search: 1 (one run a trial)")
+    if first.data.name in DATASETS and not has_held_out(first.data):
+        raise PreflightError(
+            f"data={first.data.name} without a held-out set is not allowed in a search: its objective is held-out "
+            "top-1; allowed: data.val_samples=N (synthetic data), data.val_path (image folders), or fashion_mnist"
+        )
+    sweep_dir = Path(OmegaConf.select(first, "hydra.sweep.dir")).resolve()
+    _writable_dir("hydra.sweep.dir", sweep_dir)
+    taken = [p for p in sweep_dir.glob("*/") if _earlier_results(p)]
+    if taken and not search.resuming(first):
+        raise PreflightError(
+            f"hydra.sweep.dir={str(sweep_dir)!r} is not allowed: it holds an earlier sweep's results "
+            f"({taken[0].name}/) and no study to resume; allowed: a new directory"
+        )
+    try:
+        # The directory as composed now: Hydra would read ${now:...} again, a second later.
+        return {"hydra.sweep.dir": str(sweep_dir), **search.completed(first, overrides)}
+    except UnitrainError as err:
+        raise PreflightError(str(err)) from None
 
 
 def quick_flags(args: List[str]) -> bool:

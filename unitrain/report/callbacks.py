@@ -9,18 +9,24 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from unitrain.config.schema import Logger
+from unitrain.report import search as search_report
 from unitrain.report.runs import results_under
 from unitrain.report.training import write_report
 from unitrain.train import tracking
+from unitrain.train.objective import searching
 
 
 class ComparisonReport(Callback):
     """After a sweep: one table of every job, printed, plus comparison.md, plots and report.html."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if searching(config.hydra) or Logger.mlflow in config.trainer.loggers:
+            # Hydra's launcher makes it later; a search's study and MLflow's store live in it.
+            sweep_dir.mkdir(parents=True, exist_ok=True)
+        if searching(config.hydra):
+            search_report.record(config, sweep_dir)
         if Logger.mlflow in config.trainer.loggers:
-            sweep_dir = Path(config.hydra.sweep.dir)
-            sweep_dir.mkdir(parents=True, exist_ok=True)  # Hydra's launcher makes it later
             tracking.start_sweep(config, sweep_dir)
         # hydra/launcher=joblib: a table of timings from jobs that shared the cores compares little.
         jobs = config.hydra.launcher.get("n_jobs")

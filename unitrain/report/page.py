@@ -27,7 +27,16 @@ _HEAD = (
 
 
 def write_html(
-    path: Path, rows, env, warnings, images: List[Path], note: str = FOOTNOTE, inference=(), quantized=(), ps_found=()
+    path: Path,
+    rows,
+    env,
+    warnings,
+    images: List[Path],
+    note: str = FOOTNOTE,
+    inference=(),
+    quantized=(),
+    ps_found=(),
+    best=(),
 ) -> None:
     """One file with everything inlined (images as data URIs): opens in a browser, no server."""
     imgs = "".join(figure(p, p.stem) for p in images)
@@ -35,6 +44,7 @@ def write_html(
     path.write_text(
         _HEAD
         + (f"<div class='warn'><strong>Not a fair comparison:</strong><ul>{warn}</ul></div>" if warnings else "")
+        + ("<h2>Best against best</h2>" + html_table(list(best)) if best else "")
         + ("<h2>Results</h2>" + html_table(rows) + f"<p><small>{html.escape(note)}</small></p>" if rows else "")
         + _ps_html(ps_found)
         + "<h2>Plots</h2>"

@@ -19,6 +19,7 @@ from typing import List, Optional, Sequence
 from unitrain.report import inference as inference_report
 from unitrain.report import ps as ps_report
 from unitrain.report import quantize as quantize_report
+from unitrain.report import search as search_report
 from unitrain.report.fairness import fairness_warnings
 from unitrain.report.page import write_html
 from unitrain.report.plots import plot
@@ -84,8 +85,32 @@ def write_report(
     quantized = quantize_report.results(dirs)
     if quantized:
         text += "\n\n## Quantization\n\n" + quantize_report.combined_markdown([report for _, report in quantized])
+    found = search_report.searches(dirs, target_accuracy)
+    if found:
+        best = search_report.rows(found)
+        text = (
+            "## Best against best\n\n"
+            + markdown(best)
+            + "\n\n"
+            + "\n".join(f"WARNING: {w}" for w in search_report.fairness(found))
+            + "\n\n## Every trial\n\n"
+            + text
+        )
+        images.insert(0, search_report.plot(found, out))
+        searched = {key for search in found for key in search.space}
+        # Trials differ in what was searched by design; the searches' own fairness says the rest.
+        warnings = [w for w in warnings if not any(w.startswith(f"runs differ in {k} ") for k in searched)]
+        warnings += search_report.fairness(found)
     (out / "comparison.md").write_text(text + "\n\n## Environment\n\n" + markdown(env) + "\n")
     write_html(
-        out / "report.html", rows, env, warnings, images, inference=inference, quantized=quantized, ps_found=ps_found
+        out / "report.html",
+        rows,
+        env,
+        warnings,
+        images,
+        inference=inference,
+        quantized=quantized,
+        ps_found=ps_found,
+        best=search_report.rows(found) if found else (),
     )
     return text

@@ -1,0 +1,165 @@
+"""hydra/sweeper=optuna: a search per framework, each trial's objective what its job returns,
+checked before it starts, resumable, and reported best against best."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import FAST, refusal, run_unitrain
+
+optuna = pytest.importorskip("optuna")
+
+SEARCH = ["-m", "hydra/sweeper=optuna", *FAST, "data=learnable", "data.val_samples=32", "trainer.batch_size=8"]
+SEARCH += ["trainer.steps=3"]
+LR = "optim.lr=tag(log,interval(0.001,0.5))"
+
+
+def _study(sweep_dir):
+    os.environ.setdefault("SQLALCHEMY_SILENCE_UBER_WARNING", "1")
+    return optuna.load_study(study_name="unitrain", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
+
+
+def _trials(sweep_dir):
+    return [(t.number, t.state.name, t.params, t.value) for t in _study(sweep_dir).get_trials()]
+
+
+@pytest.fixture(scope="module")
+def searched(tmp_path_factory):
+    """One search of three trials on each framework, shared by the tests below."""
+    found = {}
+    for backend in ("torch", "paddle"):
+        root = tmp_path_factory.mktemp(f"search-{backend}")
+        done = run_unitrain([*SEARCH, f"backend={backend}", LR, "hydra.sweeper.n_trials=3"], root, timeout=600)
+        assert done.returncode == 0, done.stderr[-2000:]
+        found[backend] = root / "multirun"
+    return found
+
+
+@pytest.mark.slow
+def test_each_trials_value_is_what_its_job_returned_its_held_out_top1(searched):
+    sweep = searched["torch"]
+    trials = _trials(sweep)
+    assert [(n, state) for n, state, _, _ in trials] == [(0, "COMPLETE"), (1, "COMPLETE"), (2, "COMPLETE")]
+    for number, _, params, value in trials:
+        (job,) = sweep.glob(f"{number}_*")
+        summary = json.loads((job / "summary.json").read_text())
+        assert value == summary["eval"]["val_top1"] and summary["lr"] == pytest.approx(params["optim.lr"])
+
+
+@pytest.mark.slow
+def test_both_frameworks_get_the_same_proposals_from_the_same_seed(searched):
+    """The sampler is seeded from trainer.seed: the same search proposes the same trials, so both
+    frameworks are tried at the same settings first."""
+    lrs = {b: [p["optim.lr"] for _, _, p, _ in _trials(sweep)] for b, sweep in searched.items()}
+    assert lrs["torch"] == lrs["paddle"]
+
+
+@pytest.mark.slow
+def test_best_against_best_reports_each_frameworks_best_trial(searched, tmp_path):
+    from unitrain.report.search import rows, searches
+
+    out = tmp_path / "both"
+    done = subprocess.run(
+        [sys.executable, "-m", "unitrain.compare", str(searched["paddle"]), str(searched["torch"]), "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = {row["framework"]: row for row in rows(searches([searched["paddle"], searched["torch"]]))}
+    for backend, sweep in searched.items():
+        best = max(value for _, _, _, value in _trials(sweep))
+        assert table[backend]["best heldout"] == f"{best:.4f}" and table[backend]["trials (finished / all)"] == "3 / 3"
+    text = (out / "comparison.md").read_text()
+    assert text.startswith("## Best against best") and "WARNING: the searches" not in text
+    assert (out / "search.png").exists() and "Best against best" in (out / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_a_killed_search_resumes_with_its_finished_trials_kept(tmp_path):
+    """Stopped during its second trial, the same command goes on: the first trial is kept, the
+    interrupted one is marked failed, the new trials' folders come after the old ones', and the
+    sampler does not propose the first trial's settings again."""
+    args = [*SEARCH, "backend=torch", LR, "hydra.sweeper.n_trials=3", "trainer.steps=40"]
+    sweep = tmp_path / "multirun"
+    command = [sys.executable, "-m", "unitrain", *args, f"hydra.sweep.dir={sweep}"]
+    proc = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 180
+        while not list(sweep.glob("1_*/metrics.jsonl")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    first = _trials(sweep)
+    assert [state for _, state, _, _ in first] == ["COMPLETE", "RUNNING"]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    trials = _trials(sweep)
+    assert [state for _, state, _, _ in trials] == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"]
+    assert trials[0][2:] == first[0][2:]  # kept as it was
+    assert trials[2][2] != trials[0][2]  # not proposed again
+    assert sorted(p.name.split("_")[0] for p in sweep.glob("*_torch_*")) == ["0", "1", "2", "3"]
+
+
+@pytest.mark.slow
+def test_a_diverged_trial_is_the_worst_value_and_the_search_goes_on(tmp_path):
+    args = [*SEARCH, "backend=torch", "hydra/sweeper/sampler=grid", "optim.lr=choice(0.01,1000000.0)"]
+    done = run_unitrain([*args, "hydra.sweeper.n_trials=2"], tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    values = {p["optim.lr"]: v for _, state, p, v in _trials(tmp_path / "multirun") if state == "COMPLETE"}
+    assert values[1000000.0] == -math.inf and 0 <= values[0.01] <= 1
+    assert "the loss is nan" in done.stderr or "is not finite" in done.stderr
+
+
+BAD = [
+    (
+        ["optim.lrr=interval(0.01,0.1)"],
+        "hydra.sweeper.params.optim.lrr=interval(0.01,0.1): optim.lrr is not a config key",
+    ),
+    (["trainer.steps=interval(0.5,4.5)"], "could not be converted to Integer"),
+    (["optim.lr=interval(-1,0.1)"], "optim.lr=-1.0 is not allowed: a finite number > 0"),
+    ([LR, "hydra.sweeper.direction=minimize"], "hydra.sweeper.direction='minimize' is not allowed with objective"),
+    ([], "hydra/sweeper=optuna has nothing to search"),
+    ([LR, "data.val_samples=0"], "without a held-out set is not allowed in a search"),
+    ([LR, "trainer.repeats=2"], "trainer.repeats=2 is not allowed in a search"),
+    ([LR, "objective.metric=time_to_target"], "objective.target=None is not allowed: the held-out top-1 to reach"),
+    (["hydra.sweeper.params.optim.lr='interval(0.01,0.1)'"], "is not allowed on the command line"),
+]
+
+
+@pytest.mark.parametrize("args, expected", BAD, ids=[e[:40] for _, e in BAD])
+def test_a_search_that_cannot_start_is_one_line_before_anything_runs(tmp_path, args, expected):
+    said = refusal([*SEARCH, "backend=torch", *args], tmp_path)
+    assert said is not None and expected in said and "\n" not in said, said
+    assert not (tmp_path / "multirun").exists()
+
+
+def _study_with(sweep_dir, distribution, complete: int) -> None:
+    sweep_dir.mkdir(parents=True)
+    os.environ.setdefault("SQLALCHEMY_SILENCE_UBER_WARNING", "1")
+    study = optuna.create_study(study_name="unitrain", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
+    for i in range(complete):
+        trial = optuna.trial.create_trial(params={"optim.lr": 0.01}, distributions={"optim.lr": distribution}, value=i)
+        study.add_trial(trial)
+
+
+def test_a_study_over_another_search_space_is_refused(tmp_path):
+    _study_with(tmp_path / "multirun", optuna.distributions.UniformDistribution(0.001, 0.2), complete=1)
+    said = refusal([*SEARCH, "backend=torch", LR, "hydra.sweeper.n_trials=3"], tmp_path)
+    assert "its study searched {optim.lr: UniformDistribution(" in said and "this search {optim.lr: LogUniform" in said
+
+
+def test_a_finished_study_is_refused_rather_than_run_again(tmp_path):
+    _study_with(tmp_path / "multirun", optuna.distributions.LogUniformDistribution(0.001, 0.5), complete=2)
+    said = refusal([*SEARCH, "backend=torch", LR, "hydra.sweeper.n_trials=2"], tmp_path)
+    assert "hydra.sweeper.n_trials=2 is not allowed: the study in" in said and "has 2 finished trials" in said
+    assert refusal([*SEARCH, "backend=torch", LR, "hydra.sweeper.n_trials=3"], tmp_path) is None
