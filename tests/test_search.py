@@ -163,3 +163,20 @@ def test_a_finished_study_is_refused_rather_than_run_again(tmp_path):
     said = refusal([*SEARCH, "backend=torch", LR, "hydra.sweeper.n_trials=2"], tmp_path)
     assert "hydra.sweeper.n_trials=2 is not allowed: the study in" in said and "has 2 finished trials" in said
     assert refusal([*SEARCH, "backend=torch", LR, "hydra.sweeper.n_trials=3"], tmp_path) is None
+
+
+def test_the_objective_is_the_held_out_result_or_the_time_to_the_target_else_the_worst(tmp_path):
+    from omegaconf import OmegaConf
+
+    from unitrain.train.objective import value
+
+    heldout = OmegaConf.create({"metric": "heldout", "target": None})
+    to_target = OmegaConf.create({"metric": "time_to_target", "target": 0.5})
+    assert value(heldout, {"eval": {"val_top1": 0.75}}, tmp_path) == 0.75
+    assert value(heldout, {"eval": {"val_auc": 0.81}}, tmp_path) == 0.81  # wide&deep
+    assert value(heldout, {"eval": None}, tmp_path) == value(heldout, None, tmp_path) == -math.inf
+    evals = [{"step": 2, "val_top1": 0.4, "elapsed_s": 3.0}, {"step": 4, "val_top1": 0.6, "elapsed_s": 7.5}]
+    steps = [{"step": s, "loss": 1.0, "elapsed_s": s} for s in (1, 2, 3, 4)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps + evals))
+    assert value(to_target, {"eval": evals[-1]}, tmp_path) == 7.5
+    assert value(OmegaConf.create({"metric": "time_to_target", "target": 0.9}), {"eval": {}}, tmp_path) == math.inf
