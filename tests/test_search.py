@@ -133,6 +133,7 @@ BAD = [
     ([LR, "trainer.repeats=2"], "trainer.repeats=2 is not allowed in a search"),
     ([LR, "objective.metric=time_to_target"], "objective.target=None is not allowed: the held-out top-1 to reach"),
     (["hydra.sweeper.params.optim.lr='interval(0.01,0.1)'"], "is not allowed on the command line"),
+    ([LR, "hydra/sweeper=optunaa"], "hydra/sweeper='optunaa' is not allowed: one of basic, optuna"),
 ]
 
 

@@ -33,7 +33,7 @@ def _flat(tree, prefix=""):
 
 @pytest.fixture(scope="module")
 def tracked_run(tmp_path_factory):
-    done = run_unitrain(["backend=torch", *JOB], tmp_path_factory.mktemp("tracked"))
+    done = run_unitrain(["backend=torch", *JOB, "trainer.checkpoint_every=3"], tmp_path_factory.mktemp("tracked"))
     assert done.returncode == 0, done.stderr[-2000:]
     record = json.loads((done.run_dir / "mlflow.json").read_text())
     client = _client(record["uri"])
@@ -71,6 +71,24 @@ def test_a_tracked_run_logs_every_step_and_keeps_its_files(tracked_run):
     files = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"summary.json", "metrics.jsonl", "unitrain.log"} <= files
     assert holding_the_environment(done.run_dir) == []
+
+
+@pytest.mark.slow
+def test_an_export_of_a_tracked_run_joins_its_mlflow_run(tracked_run, tmp_path):
+    import subprocess
+    import sys
+
+    done, client, run = tracked_run
+    out = tmp_path / "export"
+    exported = subprocess.run(
+        [sys.executable, "-m", "unitrain.export", str(done.run_dir), f"--out={out}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    assert f"MLflow: export.json logged to run {run.info.run_id}" in exported.stdout
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "export")] == ["export/export.json"]
 
 
 @pytest.fixture(scope="module")

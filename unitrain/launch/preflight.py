@@ -28,6 +28,8 @@ from unitrain.launch import search
 
 #: OmegaConf's words for a value outside an Enum.
 _CHOICE = re.compile(r"Invalid value '(.*)', expected one of \[(.*)\]")
+#: Hydra's words for an option its config groups lack.
+_MISSING_OPTION = re.compile(r"Could not find '(.+)/([^/']+)'")
 #: Files whose presence means a directory holds an earlier job's results.
 RESULT_FILES = ("metrics.jsonl", "summary.json", "parity.json")
 
@@ -93,6 +95,16 @@ def one_line(err: BaseException) -> str:
     if isinstance(err, OverrideParseException):
         return f"cannot parse the overrides: {str(err).splitlines()[0]} (see Hydra's override grammar)"
     text = str(cause or err).strip().splitlines()
+    missing = _MISSING_OPTION.search(text[0]) if text else None
+    listed = [i for i, line in enumerate(text) if line.startswith("Available options")]
+    if missing and listed:  # a Hydra group's option (hydra/sweeper=...)
+        options = []
+        for line in text[listed[0] + 1 :]:
+            if not line.startswith("\t"):
+                break
+            options.append(line.strip())
+        group, option = missing.groups()
+        return f"{group}={option!r} is not allowed: one of {', '.join(options)}"
     return text[0] if text else type(err).__name__
 
 
