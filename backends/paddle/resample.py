@@ -15,7 +15,7 @@ import numbers
 
 import numpy as np
 
-__all__ = ["interpolate", "upsample"]
+__all__ = ["interpolate", "upsample", "upsample_layers"]
 
 
 def interpolate(
@@ -184,3 +184,37 @@ _TAPS = {
     "trilinear": (_linear_taps, (5,)),
     "bicubic": (_cubic_taps, (4,)),
 }
+
+
+def upsample_layers():
+    """torch's Upsample layers on :func:`interpolate`, defined on first use."""
+    from paddle import nn
+
+    class Upsample(nn.Layer):
+        """torch.nn.Upsample on :func:`interpolate` (Paddle's own layer calls Paddle's interpolate)."""
+
+        def __init__(
+            self, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None
+        ):
+            super().__init__()
+            self.size, self.scale_factor, self.mode = size, scale_factor, mode
+            self.align_corners, self.recompute_scale_factor = align_corners, recompute_scale_factor
+
+        def forward(self, input):
+            return interpolate(
+                input, self.size, self.scale_factor, self.mode, self.align_corners, self.recompute_scale_factor
+            )
+
+    class UpsamplingNearest2d(Upsample):
+        def __init__(self, size=None, scale_factor=None):
+            super().__init__(size, scale_factor, "nearest")
+
+    class UpsamplingBilinear2d(Upsample):
+        def __init__(self, size=None, scale_factor=None):
+            super().__init__(size, scale_factor, "bilinear", align_corners=True)
+
+    return {
+        "Upsample": Upsample,
+        "UpsamplingNearest2d": UpsamplingNearest2d,
+        "UpsamplingBilinear2d": UpsamplingBilinear2d,
+    }

@@ -15,7 +15,7 @@ kinds of its output are replaced here, in the converted text, and docs/models.md
 - torch's shape arguments that Paddle's dygraph takes but its tracers (export, int8) do not:
   ``t.view(a, b)``, ``t.expand(a, b)``, ``t.size(i)`` (:class:`_Shapes`);
 - ``paddle.compat.nn.MultiheadAttention``, whose attention the legacy tracer of the int8 path
-  does not take (:func:`_multihead_attention`);
+  does not take (:mod:`unitrain.backends.paddle.attention`);
 - ``interpolate``, ``upsample`` and the ``Upsample`` layers: Paddle Inference's oneDNN path
   cannot run a PIR program with any interpolation op in it
   (:mod:`unitrain.backends.paddle.resample`).
@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from unitrain.backends.paddle import QUIET_ON_IMPORT
-from unitrain.backends.paddle.resample import interpolate, upsample  # noqa: F401 - converted code calls both
+from unitrain.backends.paddle.attention import multihead_attention_layer, scaled_dot_product_attention  # noqa: F401
+from unitrain.backends.paddle.resample import interpolate, upsample, upsample_layers  # noqa: F401 - converted code calls them
 from unitrain.errors import BackendUnavailableError, UnitrainError
 from unitrain.interface.translate import FileTranslation, Unconverted
 
@@ -255,103 +256,16 @@ def _bridges():
         def __init__(self, negative_slope=0.01, inplace=False, name=None):
             super().__init__(negative_slope, name=name)
 
-    class Upsample(nn.Layer):
-        """torch.nn.Upsample on :func:`interpolate` (Paddle's own layer calls Paddle's interpolate)."""
-
-        def __init__(
-            self, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None
-        ):
-            super().__init__()
-            self.size, self.scale_factor, self.mode = size, scale_factor, mode
-            self.align_corners, self.recompute_scale_factor = align_corners, recompute_scale_factor
-
-        def forward(self, input):
-            return interpolate(
-                input, self.size, self.scale_factor, self.mode, self.align_corners, self.recompute_scale_factor
-            )
-
-    class UpsamplingNearest2d(Upsample):
-        def __init__(self, size=None, scale_factor=None):
-            super().__init__(size, scale_factor, "nearest")
-
-    class UpsamplingBilinear2d(Upsample):
-        def __init__(self, size=None, scale_factor=None):
-            super().__init__(size, scale_factor, "bilinear", align_corners=True)
-
     return {
-        "MultiheadAttention": _multihead_attention(),
+        "MultiheadAttention": multihead_attention_layer(),
         "ReLU": ReLU,
         "LeakyReLU": LeakyReLU,
-        "Upsample": Upsample,
-        "UpsamplingNearest2d": UpsamplingNearest2d,
-        "UpsamplingBilinear2d": UpsamplingBilinear2d,
+        **upsample_layers(),
         "BatchNorm2D": BatchNorm2D,
         "MaxPool1d": max_pool(nn.MaxPool1D, "MaxPool1d"),
         "MaxPool2d": max_pool(nn.MaxPool2D, "MaxPool2d"),
         "MaxPool3d": max_pool(nn.MaxPool3D, "MaxPool3d"),
     }
-
-
-def _multihead_attention():
-    import paddle
-    from paddle.nn import functional as F
-
-    class MultiheadAttention(paddle.compat.nn.MultiheadAttention):
-        """torch's nn.MultiheadAttention on Paddle's torch-compatible layer (its parameters, names
-        and layouts), computed in operators that both of Paddle's tracers take: the compat
-        layer's scaled_dot_product_attention reads ``shape.numel()``, which a legacy program's
-        shapes (tuples) lack, so its int8 path failed on it. (``paddle.matmul`` and the compat
-        out_proj trace there through quantize.legacy_operators.) Masks, causal attention,
-        separate projection weights, bias_kv, zero_attn and unbatched inputs go to the compat
-        layer."""
-
-        def forward(
-            self,
-            query,
-            key,
-            value,
-            key_padding_mask=None,
-            need_weights=True,
-            attn_mask=None,
-            average_attn_weights=True,
-            is_causal=False,
-        ):
-            masked = attn_mask is not None or key_padding_mask is not None or is_causal
-            plain = self._qkv_same_embed_dim and self.bias_k is None and not self.add_zero_attn and query.ndim == 3
-            if masked or not plain:
-                return super().forward(
-                    query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal
-                )
-            if not self.batch_first:  # heads are split on [batch, seq, embed]
-                query, key, value = (t.transpose([1, 0, 2]) for t in (query, key, value))
-            if query is key and key is value:
-                q, k, v = paddle.split(self._in_proj(query), 3, axis=-1)
-            else:
-                q, k, v = (self._in_proj(t, i) for i, t in enumerate((query, key, value)))
-            # 0 keeps that dimension: the batch (and lengths) stay dynamic in a traced program.
-            q, k, v = (t.reshape([0, 0, self.num_heads, self.head_dim]).transpose([0, 2, 1, 3]) for t in (q, k, v))
-            weights = F.softmax(paddle.matmul(q * self.head_dim**-0.5, k, transpose_y=True), axis=-1)
-            if self.training and self.dropout > 0:
-                weights = F.dropout(weights, self.dropout)
-            out = paddle.matmul(weights, v).transpose([0, 2, 1, 3]).reshape([0, 0, self.embed_dim])
-            out = self.out_proj(out)
-            if not self.batch_first:
-                out = out.transpose([1, 0, 2])
-            if not need_weights:
-                return out, None
-            return out, weights.mean(axis=1) if average_attn_weights else weights
-
-        def _in_proj(self, x, part=None):
-            """x projected by torch's packed in_proj_weight: by all of it (q, k and v in one
-            matmul, as torch does for self-attention) or by its ``part``-th third."""
-            w, b = self.in_proj_weight, self.in_proj_bias
-            if part is not None:
-                rows = slice(part * self.embed_dim, (part + 1) * self.embed_dim)
-                w, b = w[rows], None if b is None else b[rows]
-            out = paddle.matmul(x, w, transpose_y=True)
-            return out if b is None else out + b
-
-    return MultiheadAttention
 
 
 def split(tensor, split_size_or_sections, dim=0):
@@ -377,44 +291,6 @@ def device_of(tensor):
     import paddle
 
     return tensor.device if paddle.in_dynamic_mode() else None
-
-
-def scaled_dot_product_attention(
-    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
-):
-    """torch's F.scaled_dot_product_attention: Paddle's compat function in dygraph and PIR; in a
-    legacy program (Paddle's int8 path), whose shapes are tuples its ``shape.numel()`` cannot
-    read, written out in matmul and softmax, a causal mask a constant of the traced sizes."""
-    import paddle
-
-    if paddle.in_dynamic_mode() or paddle.framework.in_pir_mode():
-        compat = paddle.compat.nn.functional.scaled_dot_product_attention
-        return compat(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
-    return _written_out_attention(query, key, value, attn_mask, dropout_p, is_causal, scale)
-
-
-def _written_out_attention(query, key, value, attn_mask, dropout_p, is_causal, scale):
-    import numpy as np
-    import paddle
-    from paddle.nn import functional as F
-
-    rows, cols, depth = query.shape[-2], key.shape[-2], query.shape[-1]
-    scores = paddle.matmul(query, key, transpose_y=True) * (scale or depth**-0.5)
-    if is_causal:
-        if rows < 0 or cols < 0:
-            raise UnitrainError(
-                "causal attention over a length known only when it runs cannot be traced into Paddle's int8 "
-                "program; allowed: inputs of a fixed length (the exported batch's)"
-            )
-        scores = scores + paddle.assign(np.triu(np.full((rows, cols), -np.inf, np.float32), 1))
-    if attn_mask is not None and attn_mask.dtype == paddle.bool:
-        scores = paddle.where(attn_mask, scores, paddle.full_like(scores, -np.inf))
-    elif attn_mask is not None:
-        scores = scores + attn_mask
-    weights = F.softmax(scores, axis=-1)
-    if dropout_p > 0:
-        weights = F.dropout(weights, dropout_p)
-    return paddle.matmul(weights, value)
 
 
 def torch_assert(condition, message) -> None:

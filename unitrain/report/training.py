@@ -87,20 +87,7 @@ def write_report(
         text += "\n\n## Quantization\n\n" + quantize_report.combined_markdown([report for _, report in quantized])
     found = search_report.searches(dirs, target_accuracy)
     if found:
-        best = search_report.rows(found)
-        text = (
-            "## Best against best\n\n"
-            + markdown(best)
-            + "\n\n"
-            + "\n".join(f"WARNING: {w}" for w in search_report.fairness(found))
-            + "\n\n## Every trial\n\n"
-            + text
-        )
-        images.insert(0, search_report.plot(found, out))
-        searched = {key for search in found for key in search.space}
-        # Trials differ in what was searched by design; the searches' own fairness says the rest.
-        warnings = [w for w in warnings if not any(w.startswith(f"runs differ in {k} ") for k in searched)]
-        warnings += search_report.fairness(found)
+        text, warnings = _best_against_best(found, text, warnings, images, out)
     (out / "comparison.md").write_text(text + "\n\n## Environment\n\n" + markdown(env) + "\n")
     write_html(
         out / "report.html",
@@ -114,3 +101,14 @@ def write_report(
         best=search_report.rows(found) if found else (),
     )
     return text
+
+
+def _best_against_best(found, text: str, warnings: List[str], images: List[Path], out: Path):
+    """Searches first: one row each, their fairness, search.png; then every trial's table."""
+    best = markdown(search_report.rows(found))
+    said = "\n".join(f"WARNING: {w}" for w in search_report.fairness(found))
+    images.insert(0, search_report.plot(found, out))
+    searched = {key for search in found for key in search.space}
+    # Trials differ in what was searched by design; the searches' own fairness says the rest.
+    kept = [w for w in warnings if not any(w.startswith(f"runs differ in {k} ") for k in searched)]
+    return f"## Best against best\n\n{best}\n\n{said}\n\n## Every trial\n\n{text}", kept + search_report.fairness(found)
