@@ -486,7 +486,8 @@ def test_the_attention_bridge_computes_torchs_multihead_attention(batch_first, s
     p_in = (paddle.to_tensor(q),) * 3 if self_attention else tuple(map(paddle.to_tensor, (q, k, v)))
     for need_weights, average in ((False, True), (True, True), (True, False)):
         a = theirs(*t_in, need_weights=need_weights, average_attn_weights=average)
-        b = ours(*p_in, need_weights=need_weights, average_attn_weights=average)
+        # The form a legacy program (Paddle's int8 path) traces; dygraph runs the compat layer's.
+        b = ours.written_out(*p_in, need_weights=need_weights, average_attn_weights=average)
         np.testing.assert_allclose(b[0].numpy(), a[0].detach().numpy(), atol=1e-6)
         if need_weights:
             np.testing.assert_allclose(b[1].numpy(), a[1].detach().numpy(), atol=1e-6)

@@ -21,12 +21,13 @@ def multihead_attention_layer():
 
     class MultiheadAttention(paddle.compat.nn.MultiheadAttention):
         """torch's nn.MultiheadAttention on Paddle's torch-compatible layer (its parameters, names
-        and layouts), computed in operators that both of Paddle's tracers take: the compat
-        layer's scaled_dot_product_attention reads ``shape.numel()``, which a legacy program's
-        shapes (tuples) lack, so its int8 path failed on it. (``paddle.matmul`` and the compat
-        out_proj trace there through quantize.legacy_operators.) Masks, causal attention,
-        separate projection weights, bias_kv, zero_attn and unbatched inputs go to the compat
-        layer."""
+        and layouts). In dygraph and PIR programs the compat layer computes it (its fused
+        attention: training and exports as PaConvert wrote them); in a legacy program (Paddle's
+        int8 path), where its scaled_dot_product_attention reads ``shape.numel()`` of a tuple,
+        :meth:`written_out` does, in matmul, softmax, reshape and transpose (``paddle.matmul`` and
+        the compat out_proj trace there through quantize.legacy_operators). Masks, causal
+        attention, separate projection weights, bias_kv, zero_attn and unbatched inputs always
+        go to the compat layer."""
 
         def forward(
             self,
@@ -41,10 +42,15 @@ def multihead_attention_layer():
         ):
             masked = attn_mask is not None or key_padding_mask is not None or is_causal
             plain = self._qkv_same_embed_dim and self.bias_k is None and not self.add_zero_attn and query.ndim == 3
-            if masked or not plain:
+            legacy = not (paddle.in_dynamic_mode() or paddle.framework.in_pir_mode())
+            if masked or not plain or not legacy:
                 return super().forward(
                     query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal
                 )
+            return self.written_out(query, key, value, need_weights, average_attn_weights)
+
+        def written_out(self, query, key, value, need_weights=True, average_attn_weights=True):
+            """The attention in operators every tracer takes (no mask, packed projections)."""
             if not self.batch_first:  # heads are split on [batch, seq, embed]
                 query, key, value = (t.transpose([1, 0, 2]) for t in (query, key, value))
             if query is key and key is value:
