@@ -138,6 +138,46 @@ def test_generator_writes_teacher_labelled_parts_and_reports_the_ceiling(tmp_pat
     assert sorted((out / "train").iterdir()) == files  # nothing overwritten
 
 
+def test_criteos_own_cardinalities_make_tables_that_grow_with_the_rows(tmp_path):
+    """--cardinality criteo: Criteo's slot sizes (three above 5 million values), so new ids keep
+    coming as rows do, where the small profile's slots are exhausted in a few thousand rows;
+    the same rows from the generator and the synthetic set, and a learnable teacher."""
+    out = tmp_path / "criteo"
+    made = _make_criteo(
+        "--rows", "8192", "--held-out", "2000", "--cardinality", "criteo", "--out", str(out), cwd=tmp_path
+    )
+    assert made.returncode == 0, made.stderr
+    lines = (out / "train" / "part-00000.tsv").read_text().splitlines()
+    assert lines == criteo.synthetic_lines(8192, seed=2024, cardinality="criteo")
+    report = json.loads((out / "teacher.json").read_text())
+    assert report["cardinality"] == "criteo" and 0.75 < report["teacher_auc"] < 1.0
+
+    def distinct(rows, slot):
+        return len({row.split("\t")[1 + criteo.DENSE_FEATURES + slot] for row in rows})
+
+    big = criteo.CRITEO_CARDINALITIES.index(max(criteo.CRITEO_CARDINALITIES))
+    small = criteo.synthetic_lines(8192, seed=2024)
+    # The second 4,096 rows bring almost as many new values of the biggest slot as the first.
+    assert distinct(lines, big) > 1.8 * distinct(lines[:4096], big) > 1.8 * 2000
+    assert max(distinct(small, s) for s in range(criteo.SPARSE_SLOTS)) < 2000
+
+
+def test_hashed_teacher_weights_are_standard_normal_and_the_same_in_every_call():
+    values = np.arange(200_000)
+    draws = criteo.hashed_normal(2024, 3, values)
+    assert abs(draws.mean()) < 0.01 and abs(draws.std() - 1) < 0.01
+    assert np.array_equal(draws[::7], criteo.hashed_normal(2024, 3, values[::7]))
+    assert not np.array_equal(draws, criteo.hashed_normal(2024, 4, values))
+
+
+def test_cardinality_is_criteo_synthetics_alone(tmp_path):
+    from conftest import refusal
+
+    said = refusal(["model=tiny", "data=synthetic", "data.cardinality=criteo"], tmp_path)
+    expected = "data.cardinality='criteo' is not allowed: small with data=synthetic (only criteo_synthetic draws"
+    assert said == f"unitrain: error: {expected} its values)"
+
+
 @pytest.mark.slow
 def test_torch_job_streams_a_folder_with_loader_workers_in_the_same_order(tmp_path):
     out = tmp_path / "criteo"

@@ -16,6 +16,7 @@ from typing import Sequence
 
 from rich.progress import Progress
 
+from unitrain.data.criteo import CARDINALITIES
 from unitrain.data.criteo_files import write_synthetic
 from unitrain.errors import UnitrainError
 from unitrain.launch.arguments import OneLineParser
@@ -35,6 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--parts", type=_positive, default=1, help="files the training rows are split into")
     parser.add_argument("--held-out", type=int, default=10_000, help="held-out rows (default 10000)")
     parser.add_argument("--seed", type=int, default=2024, help="the teacher's and the rows' seed")
+    parser.add_argument(
+        "--cardinality",
+        choices=sorted(CARDINALITIES),
+        default="small",
+        help="the categorical slots' sizes: small (4 to 2,000 values each) or criteo (Criteo's own: up to 10 million)",
+    )
     args = parser.parse_args(argv)
     out = Path(args.out)
     try:
@@ -53,7 +60,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
             task = bar.add_task("rows", total=args.rows)
             written = write_synthetic(
-                out, args.rows, args.held_out, args.parts, args.seed, lambda done: bar.update(task, completed=done)
+                out,
+                args.rows,
+                args.held_out,
+                args.parts,
+                args.seed,
+                lambda done: bar.update(task, completed=done),
+                args.cardinality,
             )
     except UnitrainError as err:
         print(f"unitrain.make_criteo: error: {err}", file=sys.stderr)
@@ -63,6 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "parts": len(written.train),
         "held_out_rows": written.held_out_rows,
         "seed": args.seed,
+        "cardinality": args.cardinality,
         "teacher_auc": written.teacher_auc,
         "teacher_logloss": written.teacher_logloss,
     }

@@ -96,6 +96,11 @@ class NonFinite(Choice):
     warn = "warn"
 
 
+class Cardinality(Choice):
+    small = "small"
+    criteo = "criteo"
+
+
 class ObjectiveMetric(Choice):
     heldout = "heldout"
     time_to_target = "time_to_target"
@@ -227,6 +232,9 @@ class DataConfig:
     # 20,000 rows). criteo: the first num_samples rows of the file train (None: all but the
     # held-out rows), the val_samples rows after them are held out.
     num_samples: Optional[int] = None
+    # criteo_synthetic only: its categorical slots' sizes, small (4 to 2,000 values each: the
+    # tables hardly grow) or criteo (Criteo's own, up to 10 million values a slot).
+    cardinality: Cardinality = Cardinality.small
     # imagefolder: a directory with one sub-directory of images per class; fashion_mnist: the
     # directory of its four IDX files; criteo: a Criteo TSV file (label, I1..I13, C1..C26).
     path: Optional[str] = None

@@ -110,6 +110,12 @@ def _check_data(data: DataConfig) -> None:
         if not data.path:
             raise ConfigError("data.path", data.path, "a directory of class sub-directories (data=imagefolder)")
     at_least("data.val_samples", data.val_samples, 0, "0: no held-out set")
+    if data.cardinality != "small" and data.name != "criteo_synthetic":
+        raise ConfigError(
+            "data.cardinality",
+            data.cardinality,
+            f"small with data={data.name} (only criteo_synthetic draws its values)",
+        )
     if not (math.isfinite(data.sample_delay_s) and 0 <= data.sample_delay_s <= MAX_SAMPLE_DELAY_S):
         raise ConfigError(
             "data.sample_delay_s", data.sample_delay_s, f"a number of seconds from 0 to {MAX_SAMPLE_DELAY_S:g}"

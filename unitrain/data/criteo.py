@@ -109,24 +109,46 @@ def parse_numbered(lines: Iterable[Tuple[str, int, str]], buckets: int) -> CtrDa
     )
 
 
+#: The distinct values of each categorical slot of Criteo's Display Advertising Challenge
+#: training set (as DLRM's preprocessing counts them): three slots above 5 million values, a
+#: long tail of small ones.
+CRITEO_CARDINALITIES = (
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+    27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+)  # fmt: skip
+#: data.cardinality -> the slots' sizes (None: drawn from the seed, 4 to 2,000 values each).
+CARDINALITIES = {"small": None, "criteo": CRITEO_CARDINALITIES}
+
+
 class Teacher:
     """The hidden logistic model behind the synthetic labels: a weight per count and per
     categorical value, with a bias that puts the click rate near 30%, as in Criteo's data.
 
     Counts are log-normal (log(1 + count) spreads about 1 around a per-feature centre), so the
     dense features carry a signal a model finds in a few hundred rows; the categorical values
-    add more, learned as rows accumulate."""
+    add more, learned as rows accumulate. ``cardinality``: "small" slots (4 to 2,000 values,
+    the tables hardly grow), or Criteo's own sizes (millions of values in a few slots: tables
+    grow with every row), whose values' weights are drawn from a hash of (seed, slot, value)
+    rather than held in arrays of 35 million."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, cardinality: str = "small"):
         rng = np.random.default_rng((seed, TEACHER))
         # Slots of very different sizes, as in Criteo (a few values to many thousands).
-        self.vocab = rng.integers(4, 2000, SPARSE_SLOTS)
+        drawn = rng.integers(4, 2000, SPARSE_SLOTS)
+        sizes = CARDINALITIES[cardinality]
+        self.vocab = drawn if sizes is None else np.asarray(sizes, np.int64)
         self.log_centre = rng.uniform(0.5, 4.0, DENSE_FEATURES)
         self.dense_w = rng.normal(0, 0.6, DENSE_FEATURES)
         # Some slots matter much more than others.
-        scale = rng.uniform(0.05, 0.5, SPARSE_SLOTS)
-        self.value_w = [rng.normal(0, s, v) for s, v in zip(scale, self.vocab)]
+        self.scale = rng.uniform(0.05, 0.5, SPARSE_SLOTS)
+        self.seed = seed
+        self.value_w = [rng.normal(0, s, v) for s, v in zip(self.scale, drawn)] if sizes is None else None
         self.bias = -1.0
+
+    def value_weights(self, slot: int, values: np.ndarray) -> np.ndarray:
+        if self.value_w is not None:
+            return self.value_w[slot][values]
+        return self.scale[slot] * hashed_normal(self.seed, slot, values)
 
     def counts(self, rng: np.random.Generator, n: int) -> np.ndarray:
         return np.maximum(np.floor(np.expm1(rng.normal(self.log_centre, 1.0, (n, DENSE_FEATURES)))), 0).astype(np.int64)
@@ -135,14 +157,30 @@ class Teacher:
         return (
             self.bias
             + (log_counts - self.log_centre) @ self.dense_w
-            + sum(self.value_w[s][values[:, s]] for s in range(SPARSE_SLOTS))
+            + sum(self.value_weights(s, values[:, s]) for s in range(SPARSE_SLOTS))
         )
 
 
-def synthetic_blocks(num_rows: int, seed: int, stream: int = TRAIN) -> Iterator[Tuple[List[str], np.ndarray]]:
+def hashed_normal(seed: int, slot: int, values: np.ndarray) -> np.ndarray:
+    """A standard normal draw per (seed, slot, value), the same in every process: splitmix64 of
+    the triple, two uniforms from its halves, Box-Muller."""
+    with np.errstate(over="ignore"):
+        x = np.asarray(values, np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        x += np.uint64((seed * 1_000_003 + slot + 1) & 0xFFFFFFFFFFFFFFFF)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    high = ((x >> np.uint64(32)).astype(np.float64) + 0.5) / 2.0**32
+    low = ((x & np.uint64(0xFFFFFFFF)).astype(np.float64) + 0.5) / 2.0**32
+    return np.sqrt(-2.0 * np.log(high)) * np.cos(2.0 * np.pi * low)
+
+
+def synthetic_blocks(
+    num_rows: int, seed: int, stream: int = TRAIN, cardinality: str = "small"
+) -> Iterator[Tuple[List[str], np.ndarray]]:
     """Criteo-format lines in blocks of up to BLOCK, each with the teacher's click probability
-    of its rows; row i depends on (seed, stream, i) only."""
-    teacher = Teacher(seed)
+    of its rows; row i depends on (seed, stream, cardinality, i) only."""
+    teacher = Teacher(seed, cardinality)
     for block in range(math.ceil(num_rows / BLOCK)):
         # Always a whole block drawn (then cut), so the draws do not depend on num_rows.
         n, keep = BLOCK, min(BLOCK, num_rows - block * BLOCK)
@@ -168,13 +206,14 @@ def synthetic_blocks(num_rows: int, seed: int, stream: int = TRAIN) -> Iterator[
         yield lines, probabilities[:keep]
 
 
-def synthetic_lines(num_rows: int, seed: int, stream: int = TRAIN) -> List[str]:
-    """``num_rows`` Criteo-format lines; row i depends on (seed, stream, i) only."""
-    return [line for lines, _ in synthetic_blocks(num_rows, seed, stream) for line in lines]
+def synthetic_lines(num_rows: int, seed: int, stream: int = TRAIN, cardinality: str = "small") -> List[str]:
+    """``num_rows`` Criteo-format lines; row i depends on (seed, stream, cardinality, i) only."""
+    return [line for lines, _ in synthetic_blocks(num_rows, seed, stream, cardinality) for line in lines]
 
 
-def synthetic(num_rows: int, seed: int, buckets: int, stream: int = TRAIN) -> CtrData:
-    return parse_lines(synthetic_lines(num_rows, seed, stream), buckets, source="data='criteo_synthetic'")
+def synthetic(num_rows: int, seed: int, buckets: int, stream: int = TRAIN, cardinality: str = "small") -> CtrData:
+    lines = synthetic_lines(num_rows, seed, stream, cardinality)
+    return parse_lines(lines, buckets, source="data='criteo_synthetic'")
 
 
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:

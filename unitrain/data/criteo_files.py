@@ -230,13 +230,15 @@ def read_range(parts: Sequence[Part], begin: int, end: int, buckets: int) -> Ctr
     return parse_numbered(numbered_lines(segments), buckets)
 
 
-def _write_train(folder: Path, rows: int, parts: int, seed: int, progress: Callable[[int], None]) -> List[str]:
+def _write_train(
+    folder: Path, rows: int, parts: int, seed: int, progress: Callable[[int], None], cardinality: str
+) -> List[str]:
     folder.mkdir(parents=True)
     per_part, done = -(-rows // parts), 0
     files = [folder / f"part-{j:05d}.tsv" for j in range(parts)]
     handles = [f.open("w", encoding="utf-8") for f in files]
     try:
-        for lines, _ in synthetic_blocks(rows, seed, TRAIN):
+        for lines, _ in synthetic_blocks(rows, seed, TRAIN, cardinality):
             for line in lines:
                 handles[done // per_part].write(line + "\n")
                 done += 1
@@ -258,19 +260,25 @@ class Written:
 
 
 def write_synthetic(
-    out: Path, rows: int, held_out: int, parts: int, seed: int, progress: Callable[[int], None]
+    out: Path,
+    rows: int,
+    held_out: int,
+    parts: int,
+    seed: int,
+    progress: Callable[[int], None],
+    cardinality: str = "small",
 ) -> Written:
     """Criteo-format part files of ``rows`` seeded rows under ``out/train/`` and ``held_out``
     rows from a separate stream in ``out/held_out.tsv``, labelled by the hidden teacher, whose
     own AUC on the held-out rows is the ceiling any model can reach. Written beside ``out`` and
     renamed into place, so an interrupted run leaves no half-written folder; ``progress`` gets
-    the rows written so far."""
+    the rows written so far; ``cardinality`` the slots' sizes (:data:`CARDINALITIES`)."""
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
-        files = _write_train(tmp / "train", rows, parts, seed, progress)
+        files = _write_train(tmp / "train", rows, parts, seed, progress, cardinality)
         labels, scores = [], []
         with (tmp / "held_out.tsv").open("w", encoding="utf-8") as f:
-            for lines, probabilities in synthetic_blocks(held_out, seed, HELD_OUT):
+            for lines, probabilities in synthetic_blocks(held_out, seed, HELD_OUT, cardinality):
                 f.writelines(line + "\n" for line in lines)
                 labels.extend(line[0] == "1" for line in lines)
                 scores.append(probabilities)

@@ -48,9 +48,10 @@ def job_data(cfg: Any, index: int, trainers: int, held_out: bool) -> JobData:
 
 def _synthetic(cfg: Any, index: int, trainers: int, held_out: bool) -> JobData:
     data, seed, buckets = cfg.data, cfg.trainer.seed, cfg.model.sparse_buckets
-    rows = synthetic(data.num_samples or DEFAULT_ROWS, seed, buckets)
+    rows = synthetic(data.num_samples or DEFAULT_ROWS, seed, buckets, cardinality=str(data.cardinality))
     standardize = Standardize.of(rows.rows(slice(0, STATS_ROWS)))
-    val = standardize(synthetic(data.val_samples or DEFAULT_HELD_OUT, seed, buckets, HELD_OUT)) if held_out else None
+    held = data.val_samples or DEFAULT_HELD_OUT
+    val = standardize(synthetic(held, seed, buckets, HELD_OUT, str(data.cardinality))) if held_out else None
     standardize(rows)
     return JobData(
         share=MemoryRows(data=rows.shard(index, trainers)),
