@@ -151,3 +151,23 @@ def test_group_choice_check_lists_options():
     assert check_group_choices(["-m", "backend=paddle,torch"]) is None
     problem = check_group_choices(["-m", "backend=paddle,mxnet"])
     assert problem == "backend='mxnet' is not allowed: one of paddle, torch"
+
+
+def test_unset_threads_are_a_share_of_the_node_and_the_log_says_layouts_differ(tmp_path, caplog):
+    """Two hosts x 1 process and one host x 2 processes give their processes different thread
+    counts by default; the run's log says so, and that pinning trainer.threads matches them."""
+    import logging
+
+    from omegaconf import OmegaConf
+
+    from unitrain.host.threads import available_cores
+    from unitrain.launch.supervise import write_worker_config
+
+    with caplog.at_level(logging.INFO, logger="unitrain"):
+        written = write_worker_config(make("model=tiny"), tmp_path, processes=2)
+    assert OmegaConf.load(written).trainer.threads == max(1, available_cores() // 2)
+    assert "matches this one bit for bit only with trainer.threads set" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="unitrain"):
+        write_worker_config(make("model=tiny", "trainer.threads=1"), tmp_path, processes=2)
+    assert "trainer.threads unset" not in caplog.text

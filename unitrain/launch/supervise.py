@@ -53,6 +53,15 @@ def write_worker_config(cfg: UnitrainConfig, run_dir: Path, processes: int) -> P
     node's ``processes``."""
     worker_cfg = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
     worker_cfg["trainer"]["threads"] = resolve_threads(cfg.trainer.threads, processes)
+    if cfg.trainer.threads is None:
+        log.info(
+            "trainer.threads unset: %d thread(s) for each of this node's %d process(es) (%d cores); the same job "
+            "laid out otherwise (2 hosts x 1 process against 1 host x 2) gets other counts, and matches this one bit "
+            "for bit only with trainer.threads set",
+            worker_cfg["trainer"]["threads"],
+            processes,
+            available_cores(),
+        )
     config_file = run_dir / "worker_config.yaml"
     OmegaConf.save(OmegaConf.create(worker_cfg), config_file)
     return config_file
