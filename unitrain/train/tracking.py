@@ -238,11 +238,12 @@ def tracked(cfg: Any, run_dir: Path, parent_dir: Optional[Path]) -> Iterator[Dic
     except BaseException:
         _quietly(finish_run, run_dir, None, "FAILED")
         raise
-    finish_run(run_dir, result.get("summary"), "FINISHED")
+    _quietly(finish_run, run_dir, result.get("summary"), "FINISHED")
 
 
 def _quietly(step: Any, *args: Any) -> None:
-    """Tracking after a failure, which must not hide the failure."""
+    """Tracking at a job's end: a tracker that fails then neither hides the job's own failure
+    nor turns its results into one (they are on disk)."""
     try:
         step(*args)
     except Exception as err:  # noqa: BLE001 - the job's own error is the one to show
