@@ -181,3 +181,17 @@ def test_the_objective_is_the_held_out_result_or_the_time_to_the_target_else_the
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in steps + evals))
     assert value(to_target, {"eval": evals[-1]}, tmp_path) == 7.5
     assert value(OmegaConf.create({"metric": "time_to_target", "target": 0.9}), {"eval": {}}, tmp_path) == math.inf
+
+
+def test_a_second_search_into_a_running_searchs_directory_is_refused(tmp_path):
+    """A search holds its directory while it runs: a second one there would resume its study
+    and take its running trial for a killed one."""
+    import fcntl
+
+    sweep = tmp_path / "multirun"
+    sweep.mkdir()
+    with open(sweep / ".search.lock", "a+") as running:  # as the first search's process holds it
+        fcntl.flock(running, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        said = refusal([*SEARCH, "backend=torch", LR], tmp_path)
+    assert said is not None and "is not allowed: another search is running in it" in said
+    assert refusal([*SEARCH, "backend=torch", LR], tmp_path) is None

@@ -17,6 +17,7 @@ proposes its first trials again). A study searched over another space is refused
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from unitrain.train.objective import direction, searching
 __all__ = ["completed", "dimensions", "plain", "register_resolvers", "resuming", "searching"]
 
 STORAGE = "optuna.db"
+LOCK = ".search.lock"
 #: The resolver that numbers a resumed search's job folders after the trials it has.
 OFFSET = "unitrain_after"
 STUDY = "unitrain"
@@ -106,6 +108,7 @@ def completed(cfg: DictConfig, overrides: List[str]) -> Dict[str, str]:
             f"objective.metric={cfg.objective.metric}: {wanted} (or leave it unset)"
         )
     storage = sweeper.storage or f"sqlite:///{Path(cfg.hydra.sweep.dir).resolve() / STORAGE}"
+    hold(Path(cfg.hydra.sweep.dir).resolve())
     added = {
         "hydra.sweeper.direction": wanted,
         "hydra.sweeper.storage": storage,
@@ -134,6 +137,29 @@ def completed(cfg: DictConfig, overrides: List[str]) -> Dict[str, str]:
         own = "hydra.sweeper.sampler.seed" in given and sampler.seed is not None
         added["hydra.sweeper.sampler.seed"] = str(int(sampler.seed if own else cfg.trainer.seed) + done)
     return added
+
+
+#: Sweep directories whose search this process runs (their lock held until it ends).
+_HELD: Dict[Path, Any] = {}
+
+
+def hold(sweep_dir: Path) -> None:
+    """This process's claim on the sweep's directory, for as long as it runs: a second search
+    started into it meanwhile (whose resume would take the first one's running trial for a
+    killed one) is refused in one line."""
+    if sweep_dir in _HELD:
+        return
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(sweep_dir / LOCK, "a+")  # noqa: SIM115 - held open until the process ends
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise SearchRefused(
+            f"hydra.sweep.dir={str(sweep_dir)!r} is not allowed: another search is running in it; allowed: wait "
+            "for it to end (then this command resumes its study), or a new hydra.sweep.dir"
+        ) from None
+    _HELD[sweep_dir] = handle
 
 
 def _name(value: Any) -> str:
