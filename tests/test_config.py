@@ -131,7 +131,7 @@ def test_validate_names_the_key_and_what_is_allowed(override, key):
         ("amp.dtype=float8", "amp.dtype='float8' is not allowed: one of float16, bfloat16"),
         ("profiler.mode=verbose", "profiler.mode='verbose' is not allowed: one of off, timer, trace"),
         ("dist.ps.sync=eventually", "dist.ps.sync='eventually' is not allowed: one of sync, async, geo"),
-        ("trainer.loggers=[wandb]", "trainer.loggers='wandb' is not allowed: one of tensorboard, visualdl"),
+        ("trainer.loggers=[wandb]", "trainer.loggers='wandb' is not allowed: one of tensorboard, visualdl, mlflow"),
     ],
 )
 def test_a_choice_outside_its_set_is_refused_at_compose_in_one_line(override, message):

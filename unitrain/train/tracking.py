@@ -165,7 +165,9 @@ def start_sweep(cfg: Any, sweep_dir: Path) -> TrackedRun:
     """The parent run of a multirun's jobs."""
     client = _client(tracking_uri(sweep_dir))
     experiment = _experiment(client, experiment_name(sweep_dir, sweep=True), sweep_dir)
-    run = client.create_run(experiment, run_name=f"sweep {Path(sweep_dir).name}", tags={"unitrain_version": _version()})
+    run = client.create_run(
+        experiment, run_name=f"sweep {Path(sweep_dir).name}", tags={"unitrain_version": unitrain_version()}
+    )
     tracked = TrackedRun(uri=public_uri(tracking_uri(sweep_dir)), experiment_id=experiment, run_id=run.info.run_id)
     tracked.write(sweep_dir)
     return tracked
@@ -177,7 +179,11 @@ def start_run(cfg: Any, run_dir: Path, parent_dir: Optional[Path]) -> TrackedRun
     root = Path(parent_dir) if parent else Path(run_dir)
     client = parent.client() if parent else _client(tracking_uri(root))
     experiment = parent.experiment_id if parent else _experiment(client, experiment_name(root, sweep=False), root)
-    tags = {"framework": cfg.backend.name, "unitrain_version": _version(), "run_dir": str(Path(run_dir).resolve())}
+    tags = {
+        "framework": cfg.backend.name,
+        "unitrain_version": unitrain_version(),
+        "run_dir": str(Path(run_dir).resolve()),
+    }
     if parent:
         tags["mlflow.parentRunId"] = parent.run_id
     name = Path(run_dir).name if parent else f"{cfg.backend.name} {Path(run_dir).name}"
@@ -201,10 +207,6 @@ def _text(value: Any) -> str:
     return text[:6000]  # MLflow's limit for a param's value
 
 
-def _version() -> str:
-    return unitrain_version()
-
-
 def finish_run(run_dir: Path, summary: Optional[Dict[str, Any]], status: Status) -> None:
     """What the job observed, its files, and its end."""
     tracked = TrackedRun.read(run_dir)
@@ -212,8 +214,8 @@ def finish_run(run_dir: Path, summary: Optional[Dict[str, Any]], status: Status)
         return
     client = tracked.client()
     if summary:
-        for key, value in observed_tags(summary).items():
-            client.set_tag(tracked.run_id, key, value)
+        tags = [_mlflow().entities.RunTag(key, value) for key, value in observed_tags(summary).items()]
+        client.log_batch(tracked.run_id, tags=tags)
         _log_metrics(client, tracked.run_id, [(f"summary.{k}", v, 0) for k, v in _figures(summary)])
     if not client.get_metric_history(tracked.run_id, "loss"):
         _log_metrics(client, tracked.run_id, list(_steps(Path(run_dir) / "metrics.jsonl")))
