@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from typing import List
 
-from unitrain.report.runs import Run, flatten, is_compared
+from unitrain.report.runs import Run, is_compared
+from unitrain.train.tracking import flatten
 
 
 def mixed_framework_warnings(runs: List[Run]) -> List[str]:

@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import yaml
 
 from unitrain.train.metrics import own_records
-from unitrain.train.tracking import ARTIFACTS
+from unitrain.train.tracking import ARTIFACTS, flatten
 
 # What may differ between compared runs without making the comparison unfair: the axes of
 # comparison themselves. Anything else (threads, data, image size, steps...) draws a warning,
@@ -96,16 +96,6 @@ def is_compared(key: str, swept) -> bool:
     """Whether ``key`` may differ between compared runs: an axis of comparison, a same-job
     setting, or a key the multirun swept on purpose."""
     return any(key == a or key.startswith(a + ".") for a in (*COMPARED_KEYS, *SAME_JOB_KEYS, *swept))
-
-
-def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out.update(flatten(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def settings_of(run: Run) -> str:

@@ -40,7 +40,7 @@ STORE = "mlflow.db"
 ARTIFACTS = "mlartifacts"
 ENV_URI = "MLFLOW_TRACKING_URI"
 #: The files of a run directory a tracked run keeps, when they exist.
-RUN_FILES = ("summary.json", "metrics.jsonl", "unitrain.log", "report.html", "comparison.md", "table.md")
+RUN_FILES = ("summary.json", "metrics.jsonl", "unitrain.log", "report.html", "comparison.md")
 #: MLflow takes at most this many params, and this many metrics, per call.
 _PARAMS_PER_CALL = 100
 _METRICS_PER_CALL = 1000
@@ -152,13 +152,15 @@ def experiment_name(root: Path, sweep: bool) -> str:
     return str(root.relative_to(Path.cwd())) if root.is_relative_to(Path.cwd()) else str(root)
 
 
-def flatten(tree: Any, prefix: str = "") -> Iterator[Tuple[str, Any]]:
-    """(dotted key, leaf) of a nested mapping; lists are leaves."""
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            yield from flatten(value, f"{prefix}{key}.")
-    else:
-        yield prefix[:-1], tree
+def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
+    """{dotted key: leaf} of a nested mapping (a config, a summary); lists are leaves."""
+    out: Dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
 def start_sweep(cfg: Any, sweep_dir: Path) -> TrackedRun:
@@ -189,7 +191,7 @@ def start_run(cfg: Any, run_dir: Path, parent_dir: Optional[Path]) -> TrackedRun
     name = Path(run_dir).name if parent else f"{cfg.backend.name} {Path(run_dir).name}"
     run = client.create_run(experiment, run_name=name, tags=tags)
     mlflow = _mlflow()
-    params = [mlflow.entities.Param(key, _text(value)) for key, value in flatten(_config(cfg))]
+    params = [mlflow.entities.Param(key, _text(value)) for key, value in flatten(_config(cfg)).items()]
     for i in range(0, len(params), _PARAMS_PER_CALL):
         client.log_batch(run.info.run_id, params=params[i : i + _PARAMS_PER_CALL])
     uri = parent.uri if parent else public_uri(tracking_uri(root))
@@ -280,7 +282,7 @@ def observed_tags(summary: Dict[str, Any]) -> Dict[str, str]:
 
 
 def _figures(summary: Dict[str, Any]) -> Iterator[Tuple[str, float]]:
-    for key, value in flatten(summary):
+    for key, value in flatten(summary).items():
         if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
             yield key, float(value)
 
