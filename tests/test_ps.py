@@ -4,6 +4,7 @@ torch.distributed.rpc and (in the environment `make ps-env` builds) Paddle Fleet
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -121,6 +122,20 @@ def test_trainer_shards_are_disjoint_and_cover_every_row():
             ["backend=paddle", "optim=adagrad"],
             "optim='adagrad' is not allowed: sgd or adam with backend=paddle on parameter servers",
         ),
+        (["backend=torch", "dist.ps.merge_pushes=4"], "dist.ps.merge_pushes=4 is not allowed: 1 with backend=torch"),
+        (
+            ["backend=paddle", "dist.ps.sync=sync", "dist.ps.merge_pushes=null"],
+            "dist.ps.merge_pushes=None is not allowed: 1 with dist.ps.sync=sync",
+        ),
+        (
+            ["backend=paddle", "dist.ps.servers=0", "dist.ps.trainers=1", "dist.ps.merge_pushes=2"],
+            "dist.ps.merge_pushes=2 is not allowed: 1 with dist.ps.servers=0",
+        ),
+        (
+            ["backend=paddle", "dist.ps.merge_pushes=15"],
+            "dist.ps.merge_pushes=15 is not allowed: at most 14 with backend=paddle",
+        ),
+        (["backend=torch", "dist.ps.merge_pushes=0"], "dist.ps.merge_pushes=0 is not allowed: an integer >= 1"),
         (["backend=torch", "optim=momentum"], "optim.name='momentum' is not allowed: one of sgd, adagrad, adam"),
         (["backend=torch", "dist.ps.threads=2"], "dist.ps.threads=2 is not allowed: 1 with dist.ps.feed=steps"),
         (
@@ -281,6 +296,23 @@ def test_paddle_job_trains_on_fleet_parameter_servers(mode, tmp_path):
             assert observed["geo_k_steps"] == 100
         else:
             assert observed["pulls_sparse"] and observed["traffic"]["pull_sparse_requests"] >= summary["steps"]
+        if mode == "async":
+            # Every step of every trainer is an update of its own on the servers, as on torch's
+            # (counted by the servers: one dense push each).
+            assert observed["steps_per_update"] == {"sparse": 1, "dense": 1}
+            assert observed["traffic"]["push_dense_requests"] == summary["steps"] * 2
+
+
+@pytest.mark.slow
+def test_paddle_async_merges_pushes_as_fleet_does_only_when_asked(tmp_path):
+    """dist.ps.merge_pushes=null leaves Fleet's client its own merging: 13 steps' dense
+    gradients summed into each update, which the servers' request counts show."""
+    args = [*SMALL, "backend=paddle", "dist.ps.sync=async", "dist.ps.merge_pushes=null"]
+    result = run_unitrain(args, tmp_path, python=paddle_ps_python())
+    summary = _check_job(result, "async", 1, 2)
+    observed = summary["observed"]
+    assert observed["steps_per_update"] == {"sparse": "about 12", "dense": 13}
+    assert 0 < observed["traffic"]["push_dense_requests"] <= 2 * math.ceil(summary["steps"] / 13)
 
 
 @pytest.mark.serial

@@ -146,15 +146,51 @@ def _retry_first_push(runtime: Any) -> None:
     runtime._init_all_params = retried
 
 
+#: What Fleet's client is given when its proto names no flags (FleetWrapper::InitGFlag): naming
+#: any replaces these, so they are named again.
+FLEET_CLIENT_FLAGS = (
+    "-max_body_size=314217728",
+    "-bthread_concurrency=40",
+    "-socket_max_unwritten_bytes=2048000000",
+    "-max_connection_pool_size=1950",
+)
+MERGE_FLAG = {"sparse": "pserver_push_sparse_merge_limit", "dense": "pserver_push_dense_merge_limit"}
+#: Fleet's own limits (brpc_ps_client.cc): the steps whose pushes make one update.
+FLEET_MERGES = {"sparse": "about 12", "dense": 13}
+
+
+def _client_flags(merge: Optional[int]) -> str:
+    """An async trainer's brpc client sums its queued pushes before it sends them, and each
+    send is one update on the servers: PushDenseTaskConsume sends 13 steps' dense gradients at
+    once (one Adam step for 13 batches), PushSparseTaskConsume about 12 steps' rows. Its limits
+    are flags that are not exported (FLAGS_ variables do not reach them), only the proto's
+    init_gflags. None keeps Fleet's own."""
+    if merge is None:
+        return ""
+    # A sparse limit of 1 still waits for a second push before sending; 0 sends each.
+    limits = {"sparse": 0 if merge == 1 else merge, "dense": merge - 1}
+    return " ".join([*FLEET_CLIENT_FLAGS, *(f"-{MERGE_FLAG[kind]}={limit}" for kind, limit in limits.items())])
+
+
+def _merged_pushes(flags: str) -> Dict[str, Any]:
+    """The steps per update that the flags given to Fleet's client make, read back from them."""
+    given = dict(flag.lstrip("-").split("=", 1) for flag in flags.split())
+    if MERGE_FLAG["dense"] not in given:
+        return dict(FLEET_MERGES)
+    return {"sparse": max(1, int(given[MERGE_FLAG["sparse"]])), "dense": int(given[MERGE_FLAG["dense"]]) + 1}
+
+
 def _sparse_rule(cfg, sync: str) -> Dict[str, Any]:
     """The servers' rule for the sparse tables, set to unitrain's (unitrain/ps/table.py).
 
     Fleet's CPU default is its Adam rule whatever the dense optimizer (the_one_ps.py sets
     SparseNaiveSGDRule for SGD, then overwrites it), so the rule is always named here. A pushed
     row gradient is multiplied by the rows of the id tensor, here batch x 26
-    (FleetWrapper::PushSparseFromTensorAsync): SGD's rate is divided by them, Adam's epsilon
-    multiplied (Adam is otherwise blind to the scale), and Adagrad divides by the row's count
-    itself. Fleet's sync mode applies each trainer's sparse push when it arrives (only the
+    (FleetWrapper::PushSparseFromTensorAsync): SGD's rate is divided by them, Adagrad divides
+    by the row's count itself, and Adam is blind to the scale but for its epsilon, which Fleet
+    sets to 1e-8 whatever it is given (the_one_ps.py's Accessor._set): on gradients that large
+    it is 1e-8 / (batch x 26) of torch's table's, a difference only rows with gradients below
+    1e-8 would feel. Fleet's sync mode applies each trainer's sparse push when it arrives (only the
     dense tables wait at the barrier), so the rows would move by the sum of the trainers'
     gradients: SGD's rate is divided by the trainers, which makes it their mean. Adam and
     Adagrad keep state, and two updates are not one of the mean: observed() says so."""
@@ -167,7 +203,7 @@ def _sparse_rule(cfg, sync: str) -> Dict[str, Any]:
             "adagrad.initial_g2sum": INITIAL_G2SUM,
         }
     if cfg.optim.name == "adam":
-        adam = {**common, "beta1_decay_rate": BETA1, "beta2_decay_rate": BETA2, "ada_epsilon": EPSILON * pushed}
+        adam = {**common, "beta1_decay_rate": BETA1, "beta2_decay_rate": BETA2}
         return {"name": "SparseAdamSGDRule", **{f"adam.{k}": v for k, v in adam.items()}}
     trainers = cfg.dist.ps.trainers if sync == "sync" else 1
     naive = {**common, "learning_rate": lr / (pushed * trainers)}
@@ -243,6 +279,10 @@ class PaddlePs(PsProgram):
         fleet = self.fleet
         _wait_for_servers(fleet.server_endpoints())
         _retry_first_push(fleet.fleet._runtime_handle)
+        if self.sync == "async":
+            fleet.fleet._runtime_handle.ps_desc_builder.ps_desc.init_gflags = _client_flags(
+                self.cfg.dist.ps.merge_pushes
+            )
         fleet.init_worker()
         from paddle.distributed.ps.utils.public import get_the_one_recv_context
 
@@ -478,6 +518,9 @@ class PaddlePs(PsProgram):
             "engine": f"Paddle Fleet parameter server (brpc), paddle {paddle.__version__}",
             "sync": mode,
             "geo_k_steps": context["user_defined_strategy"].a_sync_configs["k_steps"] if mode == "geo" else None,
+            "steps_per_update": _merged_pushes(self.fleet.fleet._runtime_handle.ps_desc_builder.ps_desc.init_gflags)
+            if mode == "async"
+            else None,
             "pulls_sparse": "distributed_lookup_table" in ops,
             "program_ops": sorted(
                 ops

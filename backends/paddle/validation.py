@@ -44,6 +44,10 @@ def check_collective(cfg: UnitrainConfig) -> None:
     check_all_reduce(cfg.dist)
 
 
+#: Fleet's client queues at most pserver_max_async_call_num + 1 pushes of a trainer.
+MAX_MERGED_PUSHES = 14
+
+
 def check_ps(cfg: UnitrainConfig) -> None:
     ps = cfg.dist.ps
     if ps.servers > 0 and cfg.optim.name == "adagrad":
@@ -60,6 +64,15 @@ def check_ps(cfg: UnitrainConfig) -> None:
             "trainer.checkpoint_every",
             cfg.trainer.checkpoint_every,
             "0 with dist.ps.sync=geo on backend=paddle (Fleet's geo tables cannot be saved; sync or async save them)",
+        )
+    if ps.merge_pushes is not None and ps.merge_pushes > MAX_MERGED_PUSHES:
+        # A trainer's push waits while its client holds more than pserver_max_async_call_num
+        # (13) of them, and the client would send only past the limit: both would wait forever.
+        raise ConfigError(
+            "dist.ps.merge_pushes",
+            ps.merge_pushes,
+            f"at most {MAX_MERGED_PUSHES} with backend=paddle (Fleet's client holds at most that many of a "
+            "trainer's pushes), or null for Fleet's own merging",
         )
     if cfg.dist.nnodes > 1:
         _check_ps_hosts(cfg.dist)

@@ -40,6 +40,13 @@ def check_ps(cfg: UnitrainConfig) -> None:
             "geo",
             "sync or async with backend=torch (geo-SGD is Paddle's; torch.distributed.rpc has no counterpart)",
         )
+    if cfg.dist.ps.merge_pushes != 1:
+        raise ConfigError(
+            "dist.ps.merge_pushes",
+            cfg.dist.ps.merge_pushes,
+            "1 with backend=torch (its servers apply each trainer's push as it arrives; summing several steps' "
+            "pushes into one update is Fleet's client)",
+        )
     if cfg.dist.ps.feed == "engine":
         raise ConfigError(
             "dist.ps.feed",

@@ -330,6 +330,11 @@ class PsConfig:
     # change every geo_k_steps steps.
     sync: PsSync = PsSync["async"]
     geo_k_steps: int = 100
+    # async: how many of a trainer's steps are summed into one update on the servers. 1: every
+    # step's gradients are an update of their own, as torch's servers apply each push. null:
+    # Fleet's own client merging (Paddle only: up to 13 steps' dense gradients and about 12
+    # steps' sparse ones per update; fewer requests, fewer Adam steps: docs/parameter-servers.md).
+    merge_pushes: Optional[int] = 1
     # steps: unitrain's loop feeds every step (each mode, both engines). engine: the framework
     # runs whole passes over each trainer's files itself, as its own recommender examples do
     # (Paddle: Fleet's QueueDataset and Executor.train_from_dataset; async and geo, whole files).

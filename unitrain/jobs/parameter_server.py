@@ -166,6 +166,24 @@ def _check_roles(cfg: UnitrainConfig) -> None:
             "dist.ps.trainers", ps.trainers, "1 with dist.ps.servers=0 (trainers share parameters through servers)"
         )
     positive("dist.ps.geo_k_steps", ps.geo_k_steps)
+    _check_merge_pushes(ps)
+
+
+def _check_merge_pushes(ps) -> None:
+    """Only async trainers' pushes can wait to be merged: sync sends each step's gradients
+    before its barrier, geo its changes every geo_k_steps, one process none."""
+    if ps.merge_pushes == 1:
+        return
+    if ps.merge_pushes is not None:
+        at_least("dist.ps.merge_pushes", ps.merge_pushes, 1, "1: every step is an update of its own; or null")
+    if ps.servers == 0:
+        raise ConfigError("dist.ps.merge_pushes", ps.merge_pushes, "1 with dist.ps.servers=0 (no servers)")
+    if ps.sync != "async":
+        raise ConfigError(
+            "dist.ps.merge_pushes",
+            ps.merge_pushes,
+            f"1 with dist.ps.sync={ps.sync} (only async trainers' pushes wait to be merged)",
+        )
 
 
 def _check_training(cfg: UnitrainConfig) -> None:
