@@ -252,3 +252,73 @@ def test_a_parameter_server_host_that_dies_mid_run_ends_the_other_node(backend, 
     assert first.startswith("unitrain: error: dist.nnodes=2: ") and "another node" in first, stderr[-3000:]
     assert stderr.strip().count("\n") == 0, stderr[-3000:]
     assert netns_hosts._pids(hosts[1 - dead].namespace) == []
+
+
+# --- parameter-server checkpoints over two hosts --------------------------------------------
+
+#: Both engines' checkpoints (Paddle's geo tables cannot be saved: async, one trainer); a
+#: server on each host, so that each writes its own shard.
+CHECKPOINTED = {
+    "torch": ["dist.ps.node_servers=[1,1]", "dist.ps.node_trainers=[1,1]"],
+    "paddle": ["dist.ps.sync=async", "dist.ps.node_servers=[1,1]", "dist.ps.node_trainers=[1,0]"],
+}
+
+
+def _ps_job(hosts, backend: str, folder: Path, extra: List[str]) -> dict:
+    nodes = [_ps_node(hosts, backend, k, folder / f"node{k}", [*CHECKPOINTED[backend], *extra]) for k in (0, 1)]
+    outputs = [node.communicate(timeout=300) for node in nodes]
+    assert [node.returncode for node in nodes] == [0, 0], [o[1][-3000:] for o in outputs]
+    return json.loads((folder / "node0" / "summary.json").read_text())  # trainer 0 is on node 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_parameter_server_checkpoints_over_two_hosts_resume_there_and_export(backend, hosts, tmp_path):
+    """Every server writes its shard of the tables into dist.ps.shared_dir, which every node
+    reaches: a job resumed over the two hosts from its middle ends with the uninterrupted job's
+    model (torch's sync to the bit; Paddle's servers start new rows from a clock-seeded engine),
+    and the checkpoint exports."""
+    first, second = tmp_path / "shared-a", tmp_path / "shared-b"
+    first.mkdir(), second.mkdir()
+    every = ["trainer.checkpoint_every=10", "trainer.keep_checkpoints=0"]
+    whole = _ps_job(hosts, backend, tmp_path / "whole", [f"dist.ps.shared_dir={first}", *every])
+    middle = first / "checkpoints" / "step10"
+    assert (middle / "meta.json").exists()
+    shards = sorted(p.name for p in middle.iterdir())
+    if backend == "torch":
+        assert {"table.0.npz", "table.1.npz"} <= set(shards), shards  # one from each host's server
+    resumed = _ps_job(
+        hosts, backend, tmp_path / "resumed", [f"dist.ps.shared_dir={second}", *every, f"trainer.resume={middle}"]
+    )
+    assert resumed["resumed_from"]["step"] == 10 and resumed["steps"] == whole["steps"] - 10
+    tolerance = 0 if backend == "torch" else 0.02
+    assert resumed["eval"]["val_auc"] == pytest.approx(whole["eval"]["val_auc"], abs=tolerance)
+    assert resumed["eval"]["val_logloss"] == pytest.approx(whole["eval"]["val_logloss"], abs=tolerance)
+    exported = subprocess.run(
+        [_ps_python(backend), "-m", "unitrain.export", str(second)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert json.loads((second / "export" / "export.json").read_text())["artifacts"]
+    assert not list((first / ".unitrain-nodes").rglob("node*.json"))  # the nodes' marks are taken away
+
+
+def test_a_shared_dir_that_is_not_shared_is_one_line_on_every_node(hosts, tmp_path):
+    """Each node given a directory of its own (as a path that is local on each machine would be):
+    neither sees the other's mark, and both end after dist.timeout_s, starting nothing."""
+    nodes = []
+    for k in (0, 1):
+        own = tmp_path / f"local{k}"
+        own.mkdir()
+        extra = [*CHECKPOINTED["torch"], f"dist.ps.shared_dir={own}", "trainer.checkpoint_every=10", "dist.timeout_s=5"]
+        nodes.append(_ps_node(hosts, "torch", k, tmp_path / f"node{k}", extra))
+    for k, node in enumerate(nodes):
+        _, stderr = node.communicate(timeout=120)
+        lines = stderr.strip().splitlines()
+        assert node.returncode == 2 and len(lines) == 1, stderr[-3000:]
+        assert f"dist.ps.shared_dir='{tmp_path / f'local{k}'}': node(s) {1 - k} left no mark in it" in lines[0]
+        assert not (tmp_path / f"node{k}" / "launcher.log").exists()
+    for host in hosts:
+        assert netns_hosts._pids(host.namespace) == []

@@ -348,6 +348,10 @@ class PsConfig:
     # Several nodes: each node's address, node 0's first (Paddle's launcher needs every
     # server's and trainer's address on every node; torch finds them through dist.master_addr).
     hosts: List[str] = field(default_factory=list)
+    # A directory every node reaches at the same path (a network file system): checkpoints go
+    # there, every server writing its shard of the tables into it, and every node checks at
+    # start that it sees the others' marks. null: the run directory (one node only).
+    shared_dir: Optional[str] = None
 
 
 @dataclass

@@ -58,10 +58,17 @@ class Resumed:
 STANDARDIZE = "standardize.npz"
 
 
+def home(cfg: Any, run_dir: Path) -> Path:
+    """Where the job's checkpoints/ folder is: dist.ps.shared_dir (every node's), or the run
+    directory."""
+    return Path(cfg.dist.ps.shared_dir) if cfg.dist.ps.shared_dir else Path(run_dir)
+
+
 def save(
     run_dir: Path, cfg: Any, program: PsProgram, step: int, steps_per_epoch: int, standardize: Standardize
 ) -> Path:
-    root = Path(run_dir) / "checkpoints"
+    run_dir = home(cfg, run_dir)
+    root = run_dir / "checkpoints"
     final, tmp = root / f"step{step}", root / f".tmp-step{step}-{os.getpid()}"
     meta = {
         "format": FORMAT,
@@ -104,8 +111,8 @@ def find(cfg: Any, run_dir: Path) -> Optional[Resumed]:
     spec = cfg.trainer.resume
     if not spec:
         return None
-    clean_partial_checkpoints(run_dir)
-    search = [Path.cwd() / "runs", Path.cwd() / "multirun"]
+    clean_partial_checkpoints(home(cfg, run_dir))
+    search = [Path.cwd() / "runs", Path.cwd() / "multirun", *([home(cfg, run_dir)] if cfg.dist.ps.shared_dir else [])]
     path = find_checkpoint(spec, search, exclude=run_dir, fits={"framework": cfg.backend.name, "model": cfg.model.name})
     meta = read_meta(path)
     if meta.get("kind") != PS_KIND:
