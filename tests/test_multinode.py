@@ -225,8 +225,9 @@ def test_a_parameter_server_node_whose_other_node_never_comes_is_one_line(backen
     assert netns_hosts._pids(hosts[node].namespace) == []
 
 
-@pytest.mark.parametrize("killed", ["servers", "trainers"])
-@pytest.mark.parametrize("backend", BACKENDS)
+# One kind of death per engine (a minute each): the survivors are servers waiting for trainers
+# that are gone, or trainers retrying servers that are; the node watch is the same for both.
+@pytest.mark.parametrize("backend,killed", [("torch", "trainers"), ("paddle", "servers")])
 def test_a_parameter_server_host_that_dies_mid_run_ends_the_other_node(backend, killed, hosts, tmp_path):
     """Servers wait for their trainers without limit on both engines, and trainers may retry a
     server for long: the surviving node ends after dist.timeout_s without a connection to the
@@ -276,7 +277,7 @@ def test_parameter_server_checkpoints_over_two_hosts_resume_there_and_export(bac
     """Every server writes its shard of the tables into dist.ps.shared_dir, which every node
     reaches: a job resumed over the two hosts from its middle ends with the uninterrupted job's
     model (torch's sync to the bit; Paddle's servers start new rows from a clock-seeded engine),
-    and the checkpoint exports."""
+    and torch's checkpoint exports."""
     first, second = tmp_path / "shared-a", tmp_path / "shared-b"
     first.mkdir(), second.mkdir()
     every = ["trainer.checkpoint_every=10", "trainer.keep_checkpoints=0"]
@@ -293,6 +294,9 @@ def test_parameter_server_checkpoints_over_two_hosts_resume_there_and_export(bac
     tolerance = 0 if backend == "torch" else 0.02
     assert resumed["eval"]["val_auc"] == pytest.approx(whole["eval"]["val_auc"], abs=tolerance)
     assert resumed["eval"]["val_logloss"] == pytest.approx(whole["eval"]["val_logloss"], abs=tolerance)
+    assert not list((first / ".unitrain-nodes").rglob("node*.json"))  # the nodes' marks are taken away
+    if backend == "paddle":
+        return  # export reads a shared checkpoint as any other: torch's run shows it
     exported = subprocess.run(
         [_ps_python(backend), "-m", "unitrain.export", str(second)],
         cwd=tmp_path,
@@ -302,7 +306,6 @@ def test_parameter_server_checkpoints_over_two_hosts_resume_there_and_export(bac
     )
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert json.loads((second / "export" / "export.json").read_text())["artifacts"]
-    assert not list((first / ".unitrain-nodes").rglob("node*.json"))  # the nodes' marks are taken away
 
 
 def test_a_shared_dir_that_is_not_shared_is_one_line_on_every_node(hosts, tmp_path):
