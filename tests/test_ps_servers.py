@@ -279,6 +279,11 @@ def _criteo_files(tmp_path: Path) -> list:
 def test_a_trained_wide_deep_is_served_by_both_frameworks_and_scores_criteo_lines(backend, layout, tmp_path):
     data = _criteo_files(tmp_path / "data")
     mode = ["dist.ps.servers=0", "dist.ps.trainers=1"] if layout == "local" else [f"dist.ps.sync={layout}"]
+    if layout == "async":
+        # Fleet's own merging: 23 steps of Adam at lr 0.01, each an update of the tower with two
+        # trainers' stale pulls between them, ended above the base rate's log loss once (0.710
+        # against 0.672, AUC 0.826); what this test checks is serving, not that rate.
+        mode.append("dist.ps.merge_pushes=null")
     job = _job([*data, *mode, "optim=adam", "optim.lr=0.01", "trainer.checkpoint_every=1000"], tmp_path, backend)
     trained = job.summary()["eval"]
     export = subprocess.run(
