@@ -23,8 +23,6 @@ import os
 os.environ.setdefault("FLAGS_enable_pir_api", "0")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any, Callable, List, Tuple  # noqa: E402
@@ -34,8 +32,8 @@ import paddle  # noqa: E402
 import paddle.nn.functional as F  # noqa: E402
 from criteo_rows import DENSE, SLOTS, Batch, batches, dense_stats  # noqa: E402 - beside this script
 from paddle.distributed import fleet  # noqa: E402
+from trainer_result import report, trainer_result  # noqa: E402
 
-WARMUP_STEPS = 2  # steps left out of the step median: the first pulls create the table rows
 FIRST_PUSH_TRIES = 30
 
 
@@ -135,18 +133,15 @@ def train(args: argparse.Namespace, loss: Any, names: List[str]) -> dict:
     fleet.barrier_worker()
     if index == 0:
         runtime._worker.stop_server()
-    step_rates = [args.batch / c for c in costs[WARMUP_STEPS:] or costs]
-    return {
-        "framework": f"paddle {paddle.__version__}",
-        "trainer": index,
-        "steps": len(costs),
-        "examples": examples,
-        "seconds": seconds,
-        "examples_per_s": examples / seconds,
-        "step_examples_per_s": statistics.median(step_rates),
-        "first_loss": losses[0],
-        "last_loss": statistics.fmean(losses[-10:]),
-    }
+    return trainer_result(
+        framework=f"paddle {paddle.__version__}",
+        trainer=index,
+        batch=args.batch,
+        costs=costs,
+        losses=losses,
+        examples=examples,
+        seconds=seconds,
+    )
 
 
 def main() -> None:
@@ -162,11 +157,7 @@ def main() -> None:
         fleet.init_server()
         fleet.run_server()  # returns when trainer 0 stops the servers
         return
-    line = json.dumps(train(args, loss, names))
-    print(line, flush=True)
-    if args.out:
-        with open(args.out, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+    report(train(args, loss, names), args.out)
 
 
 if __name__ == "__main__":

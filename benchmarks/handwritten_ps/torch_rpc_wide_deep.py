@@ -15,10 +15,8 @@ examples/s over the loop, and the median examples/s of its steps.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
-import statistics
 import threading
 import time
 from pathlib import Path
@@ -30,8 +28,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from criteo_rows import DENSE, SLOTS, Batch, batches, dense_stats  # beside this script
 from torch.distributed import rpc
+from trainer_result import report, trainer_result
 
-WARMUP_STEPS = 2  # steps left out of the step median: the first pulls create the rows' state
 SERVER = "ps"
 
 
@@ -154,18 +152,15 @@ def train(args: argparse.Namespace, index: int) -> dict:
         costs.append(time.perf_counter() - tick)
         examples += len(batch[2])
     seconds = time.perf_counter() - started
-    step_rates = [args.batch / c for c in costs[WARMUP_STEPS:] or costs]
-    return {
-        "framework": f"torch {torch.__version__}",
-        "trainer": index,
-        "steps": len(costs),
-        "examples": examples,
-        "seconds": seconds,
-        "examples_per_s": examples / seconds,
-        "step_examples_per_s": statistics.median(step_rates),
-        "first_loss": losses[0],
-        "last_loss": statistics.fmean(losses[-10:]),
-    }
+    return trainer_result(
+        framework=f"torch {torch.__version__}",
+        trainer=index,
+        batch=args.batch,
+        costs=costs,
+        losses=losses,
+        examples=examples,
+        seconds=seconds,
+    )
 
 
 def run(rank: int, args: argparse.Namespace) -> None:
@@ -174,11 +169,7 @@ def run(rank: int, args: argparse.Namespace) -> None:
     name = SERVER if rank == 0 else f"trainer{rank - 1}"
     rpc.init_rpc(name, rank=rank, world_size=1 + args.trainers)
     if rank > 0:
-        line = json.dumps(train(args, rank - 1))
-        print(line, flush=True)
-        if args.out:
-            with open(args.out, "a", encoding="utf-8") as f:
-                f.write(line + "\n")
+        report(train(args, rank - 1), args.out)
     rpc.shutdown()
 
 

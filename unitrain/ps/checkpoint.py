@@ -67,8 +67,8 @@ def home(cfg: Any, run_dir: Path) -> Path:
 def save(
     run_dir: Path, cfg: Any, program: PsProgram, step: int, steps_per_epoch: int, standardize: Standardize
 ) -> Path:
-    run_dir = home(cfg, run_dir)
-    root = run_dir / "checkpoints"
+    where = home(cfg, run_dir)
+    root = where / "checkpoints"
     final, tmp = root / f"step{step}", root / f".tmp-step{step}-{os.getpid()}"
     meta = {
         "format": FORMAT,
@@ -92,10 +92,10 @@ def save(
         shutil.rmtree(tmp, ignore_errors=True)
         why = getattr(err, "strerror", None) or (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise CheckpointWriteError(
-            f"the checkpoint of step {step} could not be written into {root}: {why}; {still_latest(run_dir)}"
+            f"the checkpoint of step {step} could not be written into {root}: {why}; {still_latest(where)}"
         ) from None
     publish(tmp, final)
-    prune_checkpoints(run_dir, cfg.trainer.keep_checkpoints)
+    prune_checkpoints(where, cfg.trainer.keep_checkpoints)
     return final
 
 
@@ -111,8 +111,9 @@ def find(cfg: Any, run_dir: Path) -> Optional[Resumed]:
     spec = cfg.trainer.resume
     if not spec:
         return None
-    clean_partial_checkpoints(home(cfg, run_dir))
-    search = [Path.cwd() / "runs", Path.cwd() / "multirun", *([home(cfg, run_dir)] if cfg.dist.ps.shared_dir else [])]
+    where = home(cfg, run_dir)
+    clean_partial_checkpoints(where)
+    search = [Path.cwd() / "runs", Path.cwd() / "multirun", *([where] if cfg.dist.ps.shared_dir else [])]
     path = find_checkpoint(spec, search, exclude=run_dir, fits={"framework": cfg.backend.name, "model": cfg.model.name})
     meta = read_meta(path)
     if meta.get("kind") != PS_KIND:
