@@ -2,6 +2,7 @@
 
     python -m unitrain.make_criteo --rows 1000000 --parts 4 --out /data/r1m     (and 10000000)
     python benchmarks/ps_scale.py /data/r1m /data/r10m [--backends torch,paddle] [--out ...]
+    python benchmarks/ps_scale.py /data/r100m --layouts async --out <the same> --append
 
 For each folder (``train/`` part files and ``held_out.tsv``, as make_criteo writes them) and each
 framework: 1 server + 2 trainers (async) streaming one pass over the files, and the one-process
@@ -133,10 +134,14 @@ def main() -> int:
     parser.add_argument("--held-out", type=int, default=100_000)
     parser.add_argument("--buckets", type=int, default=BUCKETS, help=f"model.sparse_buckets (default {BUCKETS:,})")
     parser.add_argument("--out", default=str(HERE / "results" / "ps_scale"))
+    parser.add_argument(
+        "--append", action="store_true", help="add these folders' runs to --out's ps_scale.json instead of replacing it"
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    results = []
+    earlier = out / "ps_scale.json"
+    results = json.loads(earlier.read_text()) if args.append and earlier.exists() else []
     with tempfile.TemporaryDirectory(prefix="unitrain-bench-ps-scale-") as tmp:
         for folder in map(Path, args.folders):
             teacher = json.loads((folder / "teacher.json").read_text())

@@ -32,8 +32,13 @@ from conftest import BACKENDS, FAST, refusal
         (["dist.nnodes=2"], "dist.master_port=None is not allowed: a port number that every node uses"),
         (
             ["dist.max_restarts=1", "dist.nnodes=2", "dist.master_port=29561"],
-            "dist.max_restarts=1 is not allowed: 0 with dist.nnodes > 1",
+            "dist.max_restarts=1 is not allowed: 0 with dist.nnodes > 1, unless dist.shared_dir names a directory "
+            "every node reaches at the same path",
         ),
+        (["dist.shared_dir=relative/dir"], "dist.shared_dir='relative/dir' is not allowed: an absolute path"),
+        (["dist.shared_dir=''"], "dist.shared_dir='' is not allowed"),
+        (["dist.shared_dir=/no/such/dir"], "dist.shared_dir='/no/such/dir' is not allowed: an absolute path"),
+        (["dist.ps.shared_dir=/tmp"], "dist.ps.shared_dir is not a config key"),
         (["dist.max_restarts=-1"], "dist.max_restarts=-1 is not allowed: an integer >= 0"),
         (["dist.nproc_per_node=0"], "dist.nproc_per_node=0 is not allowed: a finite number > 0"),
         (["trainer.threads=1000"], "trainer.threads=1000 is not allowed: at most"),
@@ -62,6 +67,18 @@ def test_bad_input_gives_one_line(args, expected, tmp_path):
     assert line is not None and line.startswith("unitrain: error:") and expected in line, line
     assert "\n" not in line
     assert not (tmp_path / "run").exists() and not (tmp_path / "multirun").exists()
+
+
+def test_a_shared_dir_that_holds_another_jobs_checkpoints_is_refused(tmp_path):
+    """Its checkpoints would be pruned or overwritten by this job's: they stay as they are."""
+    shared = tmp_path / "shared"
+    (shared / "checkpoints" / "step10").mkdir(parents=True)
+    line = refusal([*FAST, "trainer.steps=2", "trainer.checkpoint_every=1", f"dist.shared_dir={shared}"], tmp_path)
+    assert line == (
+        f"unitrain: error: dist.shared_dir={str(shared)!r} is not allowed: a directory that holds no checkpoints yet "
+        "(one per job: resume another job's with trainer.resume)"
+    )
+    assert sorted(p.name for p in (shared / "checkpoints").iterdir()) == ["step10"]
 
 
 @pytest.mark.parametrize(

@@ -59,17 +59,17 @@ def test_paddle_gets_every_endpoint_on_every_node_in_node_order():
             "torch",
             ["trainer.checkpoint_every=10"],
             "trainer.checkpoint_every=10 is not allowed: unset with dist.mode=ps over several nodes (dist.nnodes > 1), "
-            "unless dist.ps.shared_dir names a directory every node reaches at the same path",
+            "unless dist.shared_dir names a directory every node reaches at the same path",
         ),
         (
             "torch",
-            ["trainer.checkpoint_every=10", "dist.ps.shared_dir=relative/dir"],
-            "dist.ps.shared_dir='relative/dir' is not allowed: an absolute path to an existing directory",
+            ["trainer.checkpoint_every=10", "dist.shared_dir=relative/dir"],
+            "dist.shared_dir='relative/dir' is not allowed: an absolute path to an existing directory",
         ),
         (
             "torch",
-            ["trainer.checkpoint_every=10", "dist.ps.shared_dir=/no/such/dir"],
-            "dist.ps.shared_dir='/no/such/dir' is not allowed: an absolute path to an existing directory",
+            ["trainer.checkpoint_every=10", "dist.shared_dir=/no/such/dir"],
+            "dist.shared_dir='/no/such/dir' is not allowed: an absolute path to an existing directory",
         ),
         (
             "paddle",

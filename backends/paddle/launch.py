@@ -3,6 +3,7 @@ beside it for restarts (this module does not import paddle)."""
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import socket
@@ -18,7 +19,7 @@ from unitrain.errors import UnitrainError
 from unitrain.host import processes
 from unitrain.host.network import NodeNetwork
 from unitrain.host.ports import free_port
-from unitrain.interface.launch import GLOO_PEER_LOSS, Beside, Launcher, busy_port_error
+from unitrain.interface.launch import GLOO_PEER_LOSS, Beside, Launcher, busy_port_error, not_joined_error
 from unitrain.interface.ps import PsLayout, Role
 
 __all__ = ["ACCELERATOR_PROBE", "LAUNCHER", "ps_role"]
@@ -54,7 +55,9 @@ class _PaddleLauncher(Launcher):
             # Its elastic controller deploys the pod while restarts <= --max_restart, counting
             # from the first deploy: N - 1 gives N restarts. The master is etcd's (beside).
             opts[-1] = str(dist.max_restarts - 1)
-            return opts
+            # Several nodes: the etcd master orders the pods by their --rank, so that each node
+            # keeps its ranks across restarts.
+            return opts + (["--rank", str(dist.node_rank)] if dist.nnodes > 1 else [])
         if dist.nnodes > 1:
             opts += ["--master", f"{dist.master_addr}:{dist.master_port}", "--rank", str(dist.node_rank)]
         elif dist.master_port is not None:
@@ -69,11 +72,11 @@ class _PaddleLauncher(Launcher):
             if not dist.max_restarts:
                 yield Beside(options=["--log_dir", log_dir])
                 return
-            with self._elastic(run_dir) as elastic:
+            with self._elastic(dist, run_dir) as elastic:
                 yield Beside(options=["--log_dir", log_dir, *elastic.options], env=elastic.env)
 
     @contextmanager
-    def _elastic(self, run_dir: Path) -> Iterator[Beside]:
+    def _elastic(self, dist: DistConfig, run_dir: Path) -> Iterator[Beside]:
         # Only CollectiveElasticController, chosen by an etcd:// master, restarts a failed pod
         # (elastic level 1: restart it; the default ends the job). Its etcd3 client's generated
         # code predates protobuf 4 and loads only on protobuf's pure-Python implementation. The
@@ -81,8 +84,13 @@ class _PaddleLauncher(Launcher):
         # handlers, meant for fork without exec, broke a restarted worker between the two
         # (epoll_wait: Bad file descriptor, then it ended); gRPC's own switch turns them off.
         env = {"PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": "python", "GRPC_ENABLE_FORK_SUPPORT": "false"}
-        with _etcd_server(run_dir / "etcd.log") as endpoint:
-            options = ["--master", f"etcd://{endpoint}", "--elastic_level", "1", "--job_id", f"unitrain-{os.getpid()}"]
+        with _etcd_for(dist, run_dir / "etcd.log") as endpoint:
+            # Every node's launcher names the same job (one etcd per job: the port is the job's).
+            job = f"unitrain-{dist.master_port}" if dist.nnodes > 1 else f"unitrain-{os.getpid()}"
+            options = ["--master", f"etcd://{endpoint}", "--elastic_level", "1", "--job_id", job]
+            # Before each (re)start it waits for every node's pod ten times --elastic_timeout
+            # (the default: 300 s), then ends the job: a lost node is given dist.timeout_s.
+            options += ["--elastic_timeout", str(max(1, math.ceil(dist.timeout_s / 10)))]
             yield Beside(options=options, env=env)
 
     def network_env(self, network: NodeNetwork) -> Dict[str, str]:
@@ -165,19 +173,41 @@ def _private_log_dir(run_dir: Path) -> Iterator[str]:
 ETCD_READY_S = 30.0
 
 
-def _listening(port: int) -> bool:
+def _listening(host: str, port: int) -> bool:
     try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        socket.create_connection((host, port), timeout=1).close()
         return True
     except OSError:
         return False
 
 
 @contextmanager
-def _etcd_server(log_file: Path) -> Iterator[str]:
-    """A fresh etcd on free local ports, its output in ``log_file``; yields its client endpoint
-    (host:port) and stops it, however the block ends (it also dies with this process). Its data
-    (a 64 MB write-ahead log however little is kept) lives in a temporary directory, removed after."""
+def _etcd_for(dist: DistConfig, log_file: Path) -> Iterator[str]:
+    """The job's etcd endpoint: on one node a fresh server on free local ports; over several,
+    node 0's on dist.master_addr:dist.master_port, which the other nodes wait for (up to
+    dist.timeout_s: their launchers' client fails at once on a port nobody listens on)."""
+    if dist.nnodes == 1:
+        with _etcd_server(log_file, "127.0.0.1", free_port()) as endpoint:
+            yield endpoint
+        return
+    if dist.node_rank == 0:
+        with _etcd_server(log_file, dist.master_addr, dist.master_port) as endpoint:
+            yield endpoint
+        return
+    deadline = time.monotonic() + dist.timeout_s
+    while not _listening(dist.master_addr, dist.master_port):
+        if time.monotonic() > deadline:
+            raise not_joined_error(dist)
+        time.sleep(0.5)
+    yield f"{dist.master_addr}:{dist.master_port}"
+
+
+@contextmanager
+def _etcd_server(log_file: Path, host: str, client: int) -> Iterator[str]:
+    """A fresh etcd whose clients reach it at ``host:client``, its output in ``log_file``;
+    yields that endpoint and stops it, however the block ends (it also dies with this process).
+    Its data (a 64 MB write-ahead log however little is kept) lives in a temporary directory,
+    removed after."""
     binary = shutil.which("etcd")
     if binary is None:
         raise UnitrainError(
@@ -185,19 +215,20 @@ def _etcd_server(log_file: Path) -> Iterator[str]:
             "(`make etcd` installs Debian's etcd-server)"
         )
     with tempfile.TemporaryDirectory(prefix="unitrain-etcd-") as data_dir:
-        with _etcd_running(binary, Path(data_dir), log_file) as endpoint:
+        with _etcd_running(binary, Path(data_dir), log_file, host, client) as endpoint:
             yield endpoint
 
 
 @contextmanager
-def _etcd_running(binary: str, data_dir: Path, log_file: Path) -> Iterator[str]:
-    client, peer = free_port(), free_port()
+def _etcd_running(binary: str, data_dir: Path, log_file: Path, host: str, client: int) -> Iterator[str]:
+    # Its peer port stays local: the job's etcd is one member.
+    peer = free_port()
     command = [
         binary,
         "--name=unitrain",
         f"--data-dir={data_dir}",
-        f"--listen-client-urls=http://127.0.0.1:{client}",
-        f"--advertise-client-urls=http://127.0.0.1:{client}",
+        f"--listen-client-urls=http://{host}:{client}",
+        f"--advertise-client-urls=http://{host}:{client}",
         f"--listen-peer-urls=http://127.0.0.1:{peer}",
         f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
         f"--initial-cluster=unitrain=http://127.0.0.1:{peer}",
@@ -206,11 +237,11 @@ def _etcd_running(binary: str, data_dir: Path, log_file: Path) -> Iterator[str]:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, preexec_fn=processes.die_with_parent)
     try:
         deadline = time.monotonic() + ETCD_READY_S
-        while not _listening(client):
+        while not _listening(host, client):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise UnitrainError(f"etcd did not start (see {log_file})")
             time.sleep(0.1)
-        yield f"127.0.0.1:{client}"
+        yield f"{host}:{client}"
     finally:
         proc.terminate()
         try:

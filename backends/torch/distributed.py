@@ -88,15 +88,30 @@ class TorchDistributedContext(DistributedContext):
                 store = tdist.TCPStore(
                     os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=STORE_TIMEOUT
                 )
+                attempt = tdist.PrefixStore(f"unitrain/attempt{restart}", store)
+                self._meet_again(attempt, int(restart))
                 tdist.init_process_group(
-                    backend=self.comm_backend,
-                    store=tdist.PrefixStore(f"unitrain/attempt{restart}", store),
-                    rank=int(os.environ["RANK"]),
-                    world_size=int(os.environ["WORLD_SIZE"]),
+                    backend=self.comm_backend, store=attempt, rank=self.rank, world_size=self.world_size
                 )
             else:
                 tdist.init_process_group(backend=self.comm_backend, init_method="env://")
         return super().setup()
+
+    def _meet_again(self, store: Any, restart: int) -> None:
+        """Every rank of a restart back within dist.timeout_s, or one line: the agent's static
+        rendezvous does not wait for the other nodes again, and gloo's own wait is 30 minutes
+        (a node whose host is gone never comes back)."""
+        store.set(f"back/{self.rank}", "1")
+        try:
+            store.wait([f"back/{r}" for r in range(self.world_size)], timedelta(seconds=self.cfg.timeout_s))
+        except (RuntimeError, tdist.DistError):
+            back = [r for r in range(self.world_size) if store.check([f"back/{r}"])]
+            # Not a refusal (exit 2): the job failed, its logs are kept.
+            raise ConnectionError(
+                f"restart {restart}: {len(back)} of the job's {self.world_size} workers came back within "
+                f"dist.timeout_s={self.cfg.timeout_s:g}s (ranks {', '.join(map(str, back))}); the others' node is "
+                "lost, or its launcher has no restarts left"
+            ) from None
 
     def teardown(self) -> None:
         if tdist.is_initialized() and not self.failed:

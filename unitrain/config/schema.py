@@ -348,10 +348,6 @@ class PsConfig:
     # Several nodes: each node's address, node 0's first (Paddle's launcher needs every
     # server's and trainer's address on every node; torch finds them through dist.master_addr).
     hosts: List[str] = field(default_factory=list)
-    # A directory every node reaches at the same path (a network file system): checkpoints go
-    # there, every server writing its shard of the tables into it, and every node checks at
-    # start that it sees the others' marks. null: the run directory (one node only).
-    shared_dir: Optional[str] = None
 
 
 @dataclass
@@ -378,6 +374,11 @@ class DistConfig:
     # --max-restarts, Paddle's --max_restart with --elastic_level 1); a restarted worker resumes
     # from the run's latest checkpoint (trainer.checkpoint_every), or from the start without one.
     max_restarts: int = 0
+    # A directory every node reaches at the same path (a network file system): the job's
+    # checkpoints go there (a parameter-server job's every server writes its shard of the tables
+    # into it; a restarted worker on any node resumes from it), and every node checks at start
+    # that it sees the others' marks. null: the run directory (node 0's).
+    shared_dir: Optional[str] = None
     # Gradient all-reduce levers, the frameworks' own. bucket_cap_mb: how many MB of gradients
     # go into one all-reduce (torch DDP's bucket_cap_mb, Paddle's fuse_grad_size_in_MB); None
     # keeps the framework's default (25 MB in both). grad_compression: fp16 sends gradients as

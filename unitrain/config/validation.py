@@ -11,6 +11,7 @@ checked beside them, by ``unitrain.jobs.select.validate``.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any, Iterable
 
 from unitrain.config.schedule import BatchPlan
@@ -45,6 +46,9 @@ MAX_LR = 1e30
 MAX_NODES = 1024
 #: Seconds a node waits for the others (dist.timeout_s): a day.
 MAX_TIMEOUT_S = 86400.0
+SHARED_DIR_ALLOWED = (
+    "an absolute path to an existing directory that every node reaches at that path (a network file system)"
+)
 
 
 def one_of(key: str, value: Any, allowed: Iterable[Any]) -> None:
@@ -205,9 +209,14 @@ def _check_dist(cfg: UnitrainConfig) -> None:
         raise ConfigError(
             "dist.max_restarts", dist.max_restarts, f"at most {MAX_RESTARTS} (restarts of failed workers in one job)"
         )
-    if dist.max_restarts and dist.nnodes > 1:
+    _check_shared_dir(dist)
+    if dist.max_restarts and dist.nnodes > 1 and not dist.shared_dir:
+        # A restarted worker on another node resumes from the checkpoint rank 0 wrote.
         raise ConfigError(
-            "dist.max_restarts", dist.max_restarts, "0 with dist.nnodes > 1 (restarts are tested on one node only)"
+            "dist.max_restarts",
+            dist.max_restarts,
+            "0 with dist.nnodes > 1, unless dist.shared_dir names a directory every node reaches at the same path "
+            "(where rank 0's checkpoints are read by a worker restarted on any node)",
         )
     micro = BatchPlan.micro_batch_of(cfg, dist.nproc_per_node * dist.nnodes)
     spec = MODELS.get(cfg.model.name) if cfg.model.name in MODELS else None
@@ -219,6 +228,15 @@ def _check_dist(cfg: UnitrainConfig) -> None:
             f"at least 2 samples per device and micro-step (this gives {micro}): BatchNorm cannot train on one sample; "
             "or model.freeze_bn=true",
         )
+
+
+def _check_shared_dir(dist: DistConfig) -> None:
+    """Every node names the same directory the same way (its existence is the machine's check)."""
+    if dist.shared_dir is None:
+        return
+    not_empty("dist.shared_dir", dist.shared_dir)
+    if not os.path.isabs(dist.shared_dir):
+        raise ConfigError("dist.shared_dir", dist.shared_dir, SHARED_DIR_ALLOWED)
 
 
 def _check_profiler(profiler: ProfilerConfig) -> None:

@@ -18,6 +18,7 @@ from unitrain.host.memory import check_fits
 from unitrain.interface.launch import launch_module
 from unitrain.interface.validation import validation_module
 from unitrain.jobs.kind import Processes, Summary
+from unitrain.launch.shared_dir import seen_by_every_node
 from unitrain.launch.supervise import (
     Launch,
     WorkersReported,
@@ -120,7 +121,9 @@ def launch(cfg: UnitrainConfig, run_dir: Path) -> Summary:
     dist = cfg.dist
     check_before_launch(cfg, dist.nproc_per_node, "dist.nproc_per_node")
     config_file = write_worker_config(cfg, run_dir, dist.nproc_per_node)
-    with launcher.beside(dist, run_dir) as beside:
+    # The shared directory's marks inside: node 0 stops what is beside its launcher (Paddle's
+    # etcd master) only once the other nodes have left it.
+    with launcher.beside(dist, run_dir) as beside, seen_by_every_node(dist):
         command = launcher_command(launcher, launcher.options(dist, run_dir), [], config_file, run_dir, beside)
         log.info("launching %d worker(s) on this node: %s", dist.nproc_per_node, shlex.join(command))
         launch = Launch(

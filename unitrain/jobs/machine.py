@@ -3,10 +3,13 @@ its cores. A kind's own needs (its files, its modules, its memory) are its ``che
 
 from __future__ import annotations
 
+import os
 import socket
-from typing import Set
+from pathlib import Path
+from typing import Optional, Set
 
 from unitrain.config.schema import UnitrainConfig
+from unitrain.config.validation import SHARED_DIR_ALLOWED
 from unitrain.errors import ConfigError
 from unitrain.host.network import addresses
 from unitrain.host.ports import port_in_use
@@ -23,6 +26,22 @@ MAX_PROCESSES_PER_CORE = 8
 def check_machine(cfg: UnitrainConfig, processes: Processes) -> None:
     _check_cores(cfg, processes)
     _check_master(cfg)
+    _check_shared_dir(cfg.dist.shared_dir)
+
+
+def _check_shared_dir(shared: Optional[str]) -> None:
+    """dist.shared_dir exists here, and holds no other job's checkpoints, which this job's would
+    overwrite or prune."""
+    if not shared:
+        return
+    if not os.path.isdir(shared):
+        raise ConfigError("dist.shared_dir", shared, SHARED_DIR_ALLOWED)
+    if any((Path(shared) / "checkpoints").glob("step*")):
+        raise ConfigError(
+            "dist.shared_dir",
+            shared,
+            "a directory that holds no checkpoints yet (one per job: resume another job's with trainer.resume)",
+        )
 
 
 def _check_cores(cfg: UnitrainConfig, processes: Processes) -> None:

@@ -13,12 +13,11 @@ import socket
 import subprocess
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
-from typing import ContextManager, Optional
+from typing import Optional
 
 from unitrain.config.schema import PS_DATASETS, PS_MODELS, PS_OPTIMIZERS, UnitrainConfig
-from unitrain.config.validation import at_least, not_empty, one_of, positive
+from unitrain.config.validation import at_least, one_of, positive
 from unitrain.data import criteo_files
 from unitrain.data.criteo import DENSE_FEATURES, SPARSE_SLOTS
 from unitrain.errors import ConfigError, Refusal, UnitrainError
@@ -30,7 +29,7 @@ from unitrain.interface.ps import PsLayout
 from unitrain.interface.validation import validation_module
 from unitrain.jobs.kind import Processes, Summary
 from unitrain.launch.ps_nodes import PsNodeWatch
-from unitrain.launch.shared_dir import shared_between_nodes
+from unitrain.launch.shared_dir import seen_by_every_node
 from unitrain.launch.supervise import (
     Launch,
     check_before_launch,
@@ -62,7 +61,6 @@ class ParameterServerJob:
 
     def check(self, cfg: UnitrainConfig) -> None:
         _check_roles(cfg)
-        _check_shared_dir(cfg.dist.ps)
         _check_nodes(cfg)
         _check_training(cfg)
         _check_feed(cfg)
@@ -78,7 +76,6 @@ class ParameterServerJob:
                     list(cfg.dist.ps.hosts),
                     f"every node's address or host name, resolvable ({host!r}: {err.strerror or err})",
                 ) from None
-        _check_shared_is_new(cfg.dist.ps.shared_dir)
         if cfg.data.name == "criteo":
             for key, path in (("data.path", cfg.data.path), ("data.val_path", cfg.data.val_path)):
                 if (path or key == "data.path") and not (path and os.path.exists(path)):
@@ -113,17 +110,6 @@ class ParameterServerJob:
 
     def summary_holder(self, cfg: UnitrainConfig) -> str:
         return f"node {self.summary_node(cfg)} (trainer 0's)"
-
-
-def _check_shared_is_new(shared: Optional[str]) -> None:
-    """The job writes its checkpoints into dist.ps.shared_dir: another job's there would be
-    overwritten or pruned."""
-    if shared and any((Path(shared) / "checkpoints").glob("step*")):
-        raise ConfigError(
-            "dist.ps.shared_dir",
-            shared,
-            "a directory that holds no checkpoints yet (one per job: resume another job's with trainer.resume)",
-        )
 
 
 def _check_tower_memory(cfg: UnitrainConfig) -> None:
@@ -249,27 +235,14 @@ def _check_nodes(cfg: UnitrainConfig) -> None:
     if ps.hosts and len(ps.hosts) != dist.nnodes:
         raise ConfigError("dist.ps.hosts", list(ps.hosts), f"{dist.nnodes} addresses, node 0's first, or []")
     for key in ("checkpoint_every", "resume"):
-        if cfg.trainer[key] and not ps.shared_dir:
+        if cfg.trainer[key] and not dist.shared_dir:
             # Each server writes its shard on its own host: a checkpoint would be spread over them.
             raise ConfigError(
                 f"trainer.{key}",
                 cfg.trainer[key],
-                "unset with dist.mode=ps over several nodes (dist.nnodes > 1), unless dist.ps.shared_dir names a "
+                "unset with dist.mode=ps over several nodes (dist.nnodes > 1), unless dist.shared_dir names a "
                 "directory every node reaches at the same path",
             )
-
-
-def _check_shared_dir(ps) -> None:
-    """Every node must name the same directory the same way; it exists before the job."""
-    if ps.shared_dir is None:
-        return
-    not_empty("dist.ps.shared_dir", ps.shared_dir)
-    if not os.path.isabs(ps.shared_dir) or not os.path.isdir(ps.shared_dir):
-        raise ConfigError(
-            "dist.ps.shared_dir",
-            ps.shared_dir,
-            "an absolute path to an existing directory that every node reaches at that path (a network file system)",
-        )
 
 
 def _check_feed(cfg: UnitrainConfig) -> None:
@@ -324,16 +297,9 @@ def launch(cfg: UnitrainConfig, run_dir: Path, processes: Processes) -> Summary:
     job = _job_config(cfg, run_dir)
     config_file = write_worker_config(job, run_dir, processes.count)
     started = time.monotonic()
-    with _shared(job.dist), launcher.beside(job.dist, run_dir) as beside:
+    with seen_by_every_node(job.dist), launcher.beside(job.dist, run_dir) as beside:
         supervise(job, run_dir, _launch(job, run_dir, launcher, config_file, beside))
     return summarize(job, run_dir, time.monotonic() - started)
-
-
-def _shared(dist) -> ContextManager[None]:
-    """Over several nodes, dist.ps.shared_dir seen by every node before anything starts."""
-    if dist.nnodes > 1 and dist.ps.shared_dir:
-        return shared_between_nodes(Path(dist.ps.shared_dir), dist)
-    return nullcontext()
 
 
 def _job_config(cfg: UnitrainConfig, run_dir: Path) -> UnitrainConfig:

@@ -28,6 +28,7 @@ from unitrain.train.checkpoint import (
     PS_KIND,
     CheckpointError,
     CheckpointWriteError,
+    checkpoint_home,
     clean_partial_checkpoints,
     find_checkpoint,
     prune_checkpoints,
@@ -58,16 +59,10 @@ class Resumed:
 STANDARDIZE = "standardize.npz"
 
 
-def home(cfg: Any, run_dir: Path) -> Path:
-    """Where the job's checkpoints/ folder is: dist.ps.shared_dir (every node's), or the run
-    directory."""
-    return Path(cfg.dist.ps.shared_dir) if cfg.dist.ps.shared_dir else Path(run_dir)
-
-
 def save(
     run_dir: Path, cfg: Any, program: PsProgram, step: int, steps_per_epoch: int, standardize: Standardize
 ) -> Path:
-    where = home(cfg, run_dir)
+    where = checkpoint_home(cfg, run_dir)
     root = where / "checkpoints"
     final, tmp = root / f"step{step}", root / f".tmp-step{step}-{os.getpid()}"
     meta = {
@@ -111,9 +106,9 @@ def find(cfg: Any, run_dir: Path) -> Optional[Resumed]:
     spec = cfg.trainer.resume
     if not spec:
         return None
-    where = home(cfg, run_dir)
+    where = checkpoint_home(cfg, run_dir)
     clean_partial_checkpoints(where)
-    search = [Path.cwd() / "runs", Path.cwd() / "multirun", *([where] if cfg.dist.ps.shared_dir else [])]
+    search = [Path.cwd() / "runs", Path.cwd() / "multirun", *([where] if cfg.dist.shared_dir else [])]
     path = find_checkpoint(spec, search, exclude=run_dir, fits={"framework": cfg.backend.name, "model": cfg.model.name})
     meta = read_meta(path)
     if meta.get("kind") != PS_KIND:

@@ -45,6 +45,12 @@ def nonfinite(arrays: Dict[str, np.ndarray]) -> Optional[str]:
     return None
 
 
+def checkpoint_home(cfg: Any, run_dir: Path) -> Path:
+    """Where a job's checkpoints/ folder is: dist.shared_dir (every node reaches it: a worker
+    restarted on any node, every parameter server), or the run directory (node 0's)."""
+    return Path(cfg.dist.shared_dir) if cfg.dist.shared_dir else Path(run_dir)
+
+
 def still_latest(run_dir: Path) -> str:
     """What a run that writes no more checkpoints keeps, in words."""
     latest = Path(run_dir) / "checkpoints" / "latest"

@@ -24,6 +24,10 @@ def topk_accuracy(logits: np.ndarray, labels: np.ndarray, ks: Sequence[int] = (1
     return tuple(float(np.mean(np.any(order[:, : min(k, logits.shape[1])] == labels[:, None], axis=1))) for k in ks)
 
 
+#: Every step's record, one JSON line each, in the run directory.
+METRICS = "metrics.jsonl"
+
+
 class MetricsLog:
     """Keeps every step's record and appends it to ``metrics.jsonl`` when a path is given.
 
@@ -80,7 +84,7 @@ class MetricsLog:
 def metrics_history(run_dir: Path, up_to_step: int) -> List[Dict[str, Any]]:
     """The records of ``run_dir/metrics.jsonl`` up to and including ``up_to_step`` (a line
     that does not parse, say one cut short by a crash, ends the history)."""
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / METRICS
     records: List[Dict[str, Any]] = []
     if not path.is_file():
         return records

@@ -1,12 +1,14 @@
 """dist.max_restarts: what a worker does when the framework's launcher restarted it.
 
 torchrun (``--max-restarts``) and Paddle's launcher (``--max_restart`` with ``--elastic_level 1``)
-restart every worker of a node after one fails; unitrain's part is that the restarted workers
-continue the run instead of starting it again: each resumes from the run's latest checkpoint
-(the same one on every rank: a checkpoint is renamed into place whole), or from step 0 when none
-was written yet, and rank 0 records the restart in ``restarts.jsonl``: the step the run had
-reached and the step it resumed after, whose difference is the steps repeated. The main process
-adds them up in ``summary.json`` (:func:`summarize`).
+restart every worker of a node after one fails (over several nodes, every node's: the others
+lose their peer); unitrain's part is that the restarted workers continue the run instead of
+starting it again: each resumes from the run's latest checkpoint (the same one on every rank:
+a checkpoint is renamed into place whole; over several nodes in dist.shared_dir, which every
+node reads), or from step 0 when none was written yet, and rank 0 records the restart in
+``restarts.jsonl``: the step the run had reached and the step it resumed after, whose
+difference is the steps repeated. The main process adds them up in ``summary.json``
+(:func:`summarize`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from unitrain.train import summary as summaries
-from unitrain.train.checkpoint import read_meta
+from unitrain.train.checkpoint import checkpoint_home, read_meta
 from unitrain.train.metrics import metrics_history
 
 log = logging.getLogger("unitrain")
@@ -27,8 +29,8 @@ log = logging.getLogger("unitrain")
 RESTARTS = "restarts.jsonl"
 
 
-def _latest_step(run_dir: Path) -> Optional[int]:
-    latest = run_dir / "checkpoints" / "latest"
+def _latest_step(home: Path) -> Optional[int]:
+    latest = home / "checkpoints" / "latest"
     if not latest.is_file():
         return None
     return int(read_meta(latest.parent / latest.read_text().strip())["step"])
@@ -41,8 +43,9 @@ def _reached_step(run_dir: Path) -> int:
 
 def resume_after_restart(cfg: Any, run_dir: Path, rank: int, attempt: int) -> None:
     """Point ``cfg.trainer.resume`` at the run's own latest checkpoint (none: start again)."""
-    resumed = _latest_step(run_dir)
-    cfg.trainer.resume = str(run_dir) if resumed is not None else None
+    home = checkpoint_home(cfg, run_dir)
+    resumed = _latest_step(home)
+    cfg.trainer.resume = str(home) if resumed is not None else None
     log.info(
         "restart %d of at most %d: %s",
         attempt,

@@ -29,6 +29,7 @@ from unitrain.data.datasets import SampleSet, build_dataset, build_heldout_datas
 from unitrain.data.sampler import DistributedBatchSampler
 from unitrain.errors import ConfigError, NothingLeftToRun, Refusal, UnitrainError
 from unitrain.host import machine, malloc
+from unitrain.host.atomic import replace_text
 from unitrain.host.memory import is_out_of_memory
 from unitrain.host.threads import export_threads, resolve_threads
 from unitrain.interface.backend import Backend, Native, get_backend
@@ -43,6 +44,7 @@ from unitrain.model.custom import model_ref
 from unitrain.model.transfer import model_record
 from unitrain.train import summary as summaries
 from unitrain.train.checkpoint import (
+    checkpoint_home,
     checkpoint_run_dir,
     clean_partial_checkpoints,
     find_checkpoint,
@@ -55,6 +57,7 @@ from unitrain.train.checkpoint import (
 from unitrain.train.evaluation import Evaluator
 from unitrain.train.loggers import make_sinks
 from unitrain.train.metrics import (
+    METRICS,
     MetricsLog,
     NonFiniteWatch,
     label_history,
@@ -160,6 +163,8 @@ class Trainer:
     ):
         self.cfg, self.backend, self.threads = cfg, backend, threads
         self.run_dir = Path(run_dir)
+        # dist.shared_dir over several nodes: every node's restarted workers read it.
+        self.checkpoints = checkpoint_home(cfg, self.run_dir)
         self.model_record: Dict[str, Any] = {}  # what a checkpoint keeps to convert its weights
         # Applied to the freshly built model before the optimizer sees its parameters: how
         # quantization-aware training gives the loop a model with fake quantization inserted.
@@ -203,7 +208,7 @@ class Trainer:
                 "earlier results are unchanged"
             )
         if dist.is_main_process:
-            clean_partial_checkpoints(self.run_dir)
+            clean_partial_checkpoints(self.checkpoints)
         evaluator = self._evaluator(dist)
         if cfg.data.augment != "none":
             dataset, sampler = (
@@ -384,7 +389,7 @@ class Trainer:
         tracer = profiler_module(backend.name).make_tracer(cfg.profiler, trace_file) if trace else Tracer()
         main = dist.is_main_process
         sinks = make_sinks(cfg.trainer.loggers, self.run_dir) if main else ()
-        metrics = MetricsLog(self.run_dir / "metrics.jsonl" if main else None, sinks, history=job.history)
+        metrics = MetricsLog(self.run_dir / METRICS if main else None, sinks, history=job.history)
         log.info(
             "%s %s on %s (rank %d of %d), %d thread(s), %s, %d steps of %d samples (%d per device x %d micro-steps), "
             "lr %g",
@@ -474,12 +479,12 @@ class Trainer:
         arrays = self.backend.state_arrays(job.raw_model)
         broken = nonfinite(arrays) or job.optim.nonfinite_state(job.raw_optimizer)
         if broken:
-            loop.watch.broken_state(loop.step, broken, still_latest(self.run_dir))
+            loop.watch.broken_state(loop.step, broken, still_latest(self.checkpoints))
             return
         if job.dist.is_main_process:
             config = self._config()
             path = save_checkpoint(
-                self.run_dir,
+                self.checkpoints,
                 loop.step,
                 epoch,
                 self.backend,
@@ -489,7 +494,10 @@ class Trainer:
                 config,
                 self.model_record,
             )
-            prune_checkpoints(self.run_dir, self.cfg.trainer.keep_checkpoints)
+            prune_checkpoints(self.checkpoints, self.cfg.trainer.keep_checkpoints)
+            if self.checkpoints != self.run_dir:
+                # Beside them, the history they continue (a resume reads it where they are).
+                replace_text(self.checkpoints / METRICS, (self.run_dir / METRICS).read_text())
             log.info("checkpoint: %s", path)
 
     def _evaluate_now(self, job: Job, loop: _Loop, epoch: int) -> None:
