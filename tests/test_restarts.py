@@ -159,3 +159,35 @@ def test_a_refusal_ends_the_job_at_once_whatever_the_restart_budget(backend, tmp
     assert len(lines) == 1 and str(victim) in lines[0], lines
     assert time.monotonic() - started < 60
     assert not result.run_dir.exists()  # a refusal leaves nothing behind
+
+
+@pytest.mark.serial
+@pytest.mark.slow
+def test_a_resumed_job_restarted_before_its_first_checkpoint_starts_again_where_it_started(tmp_path):
+    """A job that began from another run's checkpoint (trainer.resume) and lost a worker before
+    writing one of its own goes back to that checkpoint, not to step 0."""
+    args = ["backend=torch", *JOB, "trainer.steps=60"]
+    full = run_unitrain(args, tmp_path / "full")
+    assert full.returncode == 0, full.stderr[-2000:]
+    run_dir = tmp_path / "resumed" / "run"
+    run_dir.parent.mkdir()
+    resume = f"trainer.resume={full.run_dir / 'checkpoints' / 'step20'}"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "unitrain", *args, resume, "trainer.checkpoint_every=0", "dist.max_restarts=1"]
+        + [f"hydra.run.dir={run_dir}"],
+        cwd=run_dir.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while len(_steps(run_dir)) < 30 and time.monotonic() < deadline:
+        assert job.poll() is None, job.communicate()
+        time.sleep(0.05)
+    os.kill(json.loads((run_dir / ".workers" / "rank1.json").read_text())["pid"], signal.SIGKILL)
+    _, stderr = job.communicate(timeout=300)
+    assert job.returncode == 0, stderr[-3000:]
+    event = json.loads((run_dir / "summary.json").read_text())["restarts"]["events"][0]
+    assert event["resumed_after_step"] == 20 and event["reached_step"] >= 30
+    a, b = _weights(run_dir), _weights(full.run_dir)
+    assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in b)

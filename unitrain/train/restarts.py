@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from unitrain.train import summary as summaries
-from unitrain.train.checkpoint import checkpoint_home, read_meta
+from unitrain.train.checkpoint import checkpoint_home, find_checkpoint, read_meta
 from unitrain.train.metrics import metrics_history
 
 log = logging.getLogger("unitrain")
@@ -41,20 +41,28 @@ def _reached_step(run_dir: Path) -> int:
     return max((int(r["step"]) for r in metrics_history(run_dir, math.inf) if "loss" in r), default=0)
 
 
+def _first_step(cfg: Any, run_dir: Path) -> int:
+    """The step the job itself started after: that of the checkpoint its trainer.resume names."""
+    if not cfg.trainer.resume:
+        return 0
+    roots = [Path.cwd() / "runs", Path.cwd() / "multirun"]
+    return int(read_meta(find_checkpoint(cfg.trainer.resume, roots, exclude=run_dir))["step"])
+
+
 def resume_after_restart(cfg: Any, run_dir: Path, rank: int, attempt: int) -> None:
-    """Point ``cfg.trainer.resume`` at the run's own latest checkpoint (none: start again)."""
+    """Point ``cfg.trainer.resume`` at the run's own latest checkpoint; without one yet, the job
+    starts again where it started (its own trainer.resume, or step 0)."""
     home = checkpoint_home(cfg, run_dir)
     resumed = _latest_step(home)
-    cfg.trainer.resume = str(home) if resumed is not None else None
-    log.info(
-        "restart %d of at most %d: %s",
-        attempt,
-        cfg.dist.max_restarts,
-        f"resuming after step {resumed}" if resumed is not None else "no checkpoint yet, starting again",
-    )
+    if resumed is None:
+        resumed = _first_step(cfg, run_dir)
+        why = f"no checkpoint yet, starting again after step {resumed}"
+    else:
+        cfg.trainer.resume, why = str(home), f"resuming after step {resumed}"
+    log.info("restart %d of at most %d: %s", attempt, cfg.dist.max_restarts, why)
     if rank != 0:
         return
-    record = {"attempt": attempt, "reached_step": _reached_step(run_dir), "resumed_after_step": resumed or 0}
+    record = {"attempt": attempt, "reached_step": _reached_step(run_dir), "resumed_after_step": resumed}
     with open(run_dir / RESTARTS, "a", encoding="utf-8") as f:
         f.write(json.dumps({**record, "time": time.time()}) + "\n")
 
