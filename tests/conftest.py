@@ -169,3 +169,20 @@ def refusal(args: List[str], tmp_path: Path, command: str = "unitrain") -> str |
     dirs = [f"hydra.run.dir={tmp_path / 'run'}", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
     problem = preflight_refusal([*args, *dirs], config_name, validate)
     return None if problem is None else f"{command}: error: {problem}"
+
+
+@pytest.fixture
+def hosts():
+    """Two hosts made of network namespaces (scripts/netns_hosts.py), gone after the test."""
+    import uuid
+
+    scripts = str(Path(__file__).resolve().parent.parent / "scripts")
+    if scripts not in sys.path:
+        sys.path.insert(0, scripts)
+    import netns_hosts
+
+    name = f"t{uuid.uuid4().hex[:6]}"
+    with netns_hosts.Hosts.up(name, 2) as made:
+        yield made
+    # Nothing left behind: no namespace, so no interface and no process in one.
+    assert netns_hosts.namespaces(name) == []

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CORE = ROOT / "unitrain"
 BACKENDS = ROOT / "backends"
 #: Modules only one backend has, each explained in docs/architecture.md.
-ONE_BACKEND_ONLY = {"attention": "paddle", "blas": "paddle", "resample": "paddle"}
+ONE_BACKEND_ONLY = {"attention": "paddle", "blas": "paddle", "elastic_launch": "paddle", "resample": "paddle"}
 #: Backend modules the main process loads: they must not import their framework.
 FRAMEWORK_FREE = ("launch", "translate", "validation", "weights")
 

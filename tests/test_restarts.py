@@ -40,9 +40,6 @@ def _weights(run_dir: Path) -> dict:
         return {k: f[k] for k in f.files}
 
 
-# Alone: Paddle's elastic controller found its restarted pod's peer "not ready" and ended the
-# job once while a two-host test loaded both cores beside it.
-@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_killed_worker_is_restarted_and_the_job_ends_as_if_uninterrupted(backend, tmp_path):

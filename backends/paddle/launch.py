@@ -73,7 +73,7 @@ class _PaddleLauncher(Launcher):
                 yield Beside(options=["--log_dir", log_dir])
                 return
             with self._elastic(dist, run_dir) as elastic:
-                yield Beside(options=["--log_dir", log_dir, *elastic.options], env=elastic.env)
+                yield Beside(options=["--log_dir", log_dir, *elastic.options], env=elastic.env, module=elastic.module)
 
     @contextmanager
     def _elastic(self, dist: DistConfig, run_dir: Path) -> Iterator[Beside]:
@@ -91,7 +91,8 @@ class _PaddleLauncher(Launcher):
             # Before each (re)start it waits for every node's pod ten times --elastic_timeout
             # (the default: 300 s), then ends the job: a lost node is given dist.timeout_s.
             options += ["--elastic_timeout", str(max(1, math.ceil(dist.timeout_s / 10)))]
-            yield Beside(options=options, env=env)
+            # Its race between a failed pod's restart and its wait for the others, closed.
+            yield Beside(options=options, env=env, module=f"{__package__}.elastic_launch")
 
     def network_env(self, network: NodeNetwork) -> Dict[str, str]:
         # POD_IP is --host: the address this node registers with the master, which otherwise

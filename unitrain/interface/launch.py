@@ -37,6 +37,8 @@ class Beside:
 
     options: List[str] = field(default_factory=list)
     env: Dict[str, str] = field(default_factory=dict)
+    #: Run as ``python -m <module>`` instead of the launcher's own: the same launcher with a fix.
+    module: Optional[str] = None
 
 
 class Launcher(ABC):

@@ -92,7 +92,7 @@ def launcher_command(
     """``python -m <launcher> <its options> <worker script> <worker arguments>``."""
     extra = ([] if launcher.writes_workerlogs else ["--workerlog"]) + worker_args
     worker = worker_command(config_file, run_dir, launcher.rank_env, launcher.local_rank_env, *extra)
-    return [sys.executable, "-m", launcher.module, *options, *beside.options, *worker]
+    return [sys.executable, "-m", beside.module or launcher.module, *options, *beside.options, *worker]
 
 
 def run_isolated(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str, Any]]:
