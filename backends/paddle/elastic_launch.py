@@ -7,9 +7,9 @@ that all of them restart, and relies on its own watch of the heartbeats to turn 
 FAILED to RESTARTING. Its controller then waits for every pod's heartbeat (``wait_peer_ready``),
 a wait that ends at once while the status is still FAILED (FAILED counts as done). When the failed
 worker's processes were already gone, the controller got there before the watch's callback: it
-found its peers "not ready" at once and ended the job (seen on one node and over two, about one
-restart in five over two). Here the pod that deletes the heartbeats is RESTARTING at once; the
-rest is Paddle's launcher as it ships.
+found its peers "not ready" at once and ended the job (seen on one node, and in one of seven
+restarts over two nodes here). Here the pod that deletes the heartbeats is RESTARTING at once;
+the rest is Paddle's launcher as it ships.
 """
 
 from __future__ import annotations
