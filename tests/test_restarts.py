@@ -158,7 +158,6 @@ def test_a_refusal_ends_the_job_at_once_whatever_the_restart_budget(backend, tmp
     assert not result.run_dir.exists()  # a refusal leaves nothing behind
 
 
-@pytest.mark.serial
 @pytest.mark.slow
 def test_a_resumed_job_restarted_before_its_first_checkpoint_starts_again_where_it_started(tmp_path):
     """A job that began from another run's checkpoint (trainer.resume) and lost a worker before
