@@ -104,7 +104,7 @@ class TorchDistributedContext(DistributedContext):
         store.set(f"back/{self.rank}", "1")
         try:
             store.wait([f"back/{r}" for r in range(self.world_size)], timedelta(seconds=self.cfg.timeout_s))
-        except (RuntimeError, tdist.DistError):
+        except RuntimeError:  # torch's DistStoreError: the wait timed out
             back = [r for r in range(self.world_size) if store.check([f"back/{r}"])]
             # Not a refusal (exit 2): the job failed, its logs are kept.
             raise ConnectionError(

@@ -5,7 +5,8 @@ restart every worker of a node after one fails (over several nodes, every node's
 lose their peer); unitrain's part is that the restarted workers continue the run instead of
 starting it again: each resumes from the run's latest checkpoint (the same one on every rank:
 a checkpoint is renamed into place whole; over several nodes in dist.shared_dir, which every
-node reads), or from step 0 when none was written yet, and rank 0 records the restart in
+node reads), or, when none was written yet, from where the job started (its own
+trainer.resume, or step 0), and rank 0 records the restart in
 ``restarts.jsonl``: the step the run had reached and the step it resumed after, whose
 difference is the steps repeated. The main process adds them up in ``summary.json``
 (:func:`summarize`).
