@@ -174,7 +174,8 @@ def test_paddle_geo_refuses_checkpoints_in_one_line(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", ["local", "sync"])
 def test_paddle_resumes_its_servers_tables_and_dense_tower(layout, tmp_path):
-    common = ["trainer.checkpoint_every=10", "trainer.keep_checkpoints=0"]
+    # Few checkpoints: each costs Fleet's servers seconds (sync: 23 steps; local: 47).
+    common = ["trainer.checkpoint_every=12", "trainer.keep_checkpoints=0"]
     # Adam where resuming is exact; SGD on the servers, whose two trainers' Adam updates land in
     # either order, and then move the end by more than the resume is to be judged by.
     common += (
@@ -183,7 +184,7 @@ def test_paddle_resumes_its_servers_tables_and_dense_tower(layout, tmp_path):
         else ["dist.ps.sync=sync"]
     )
     whole = _job(common, tmp_path / "whole", "paddle")
-    resumed = _job([*common, f"trainer.resume={whole.run_dir / 'checkpoints' / 'step10'}"], tmp_path / "r", "paddle")
+    resumed = _job([*common, f"trainer.resume={whole.run_dir / 'checkpoints' / 'step12'}"], tmp_path / "r", "paddle")
     losses = [
         {
             r["step"]: r["loss"]
@@ -192,15 +193,15 @@ def test_paddle_resumes_its_servers_tables_and_dense_tower(layout, tmp_path):
         }
         for run in (whole, resumed)
     ]
-    assert min(losses[1]) == 11
+    assert min(losses[1]) == 13
     a, b = whole.summary(), resumed.summary()
     if layout == "local":
         # One process: the saved program state is everything; the rest is exact.
-        assert losses[1][11] == losses[0][11] and b["eval"]["val_auc"] == a["eval"]["val_auc"]
+        assert losses[1][13] == losses[0][13] and b["eval"]["val_auc"] == a["eval"]["val_auc"]
     else:
         # Fleet: the servers' saved tables and dense tables are loaded back; what differs is
         # the order the two trainers' pushes land in, as between two uninterrupted runs.
-        assert losses[1][11] == pytest.approx(losses[0][11], rel=1e-3)
+        assert losses[1][13] == pytest.approx(losses[0][13], rel=1e-3)
         assert b["eval"]["val_auc"] == pytest.approx(a["eval"]["val_auc"], abs=1e-3)
         assert b["tables"]["rows"] == a["tables"]["rows"]
 
