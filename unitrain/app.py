@@ -14,6 +14,8 @@ from omegaconf import DictConfig
 
 from unitrain.config.schema import Logger, register_configs
 from unitrain.errors import NothingLeftToRun, Refusal, Stopped, UnitrainError
+from unitrain.interface.launch import launch_module
+from unitrain.interface.modules import available_backends
 from unitrain.jobs.kind import JobKind
 from unitrain.jobs.select import job_kind, validate
 from unitrain.launch import search, slurm
@@ -34,6 +36,8 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         # stopped, metrics are flushed.
         signal.signal(sig, _raise_stopped)
     try:
+        for backend in available_backends():  # every start, whatever it runs: what killed jobs left
+            launch_module(backend).LAUNCHER.remove_stale()
         kind = job_kind(cfg)
         if kind.nodes_from_slurm:
             slurm.apply(cfg, HydraConfig.get().overrides.task, os.environ)

@@ -3,8 +3,10 @@ beside it for restarts (this module does not import paddle)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -24,13 +26,17 @@ from unitrain.interface.ps import PsLayout, Role
 
 __all__ = ["ACCELERATOR_PROBE", "LAUNCHER", "ps_role"]
 
+log = logging.getLogger("unitrain")
+
 ACCELERATOR_PROBE = "import paddle; print(paddle.device.cuda.device_count() > 0)"
 
 
 class _PaddleLauncher(Launcher):
-    # Its log directory (--log_dir) is a private one beside the run (beside()): the launcher
-    # writes every worker's whole environment there (envlog.N, backup_env.N.json, its pod log),
-    # and tokens live in the environment; each worker writes its own workerlog.N instead.
+    # Every launch runs it through unitrain's shim (elastic_launch), which writes none of the
+    # environment into its log directory (--log_dir: as it ships, envlog.N, backup_env.N.json and
+    # its pod log hold every worker's whole environment, and tokens live there). That directory
+    # is still a private one outside the run (beside()), named after the main process, so that
+    # the next launch removes one a killed job left; each worker writes its own workerlog.N.
     module, writes_workerlogs = "paddle.distributed.launch", False
     rank_env, local_rank_env = "PADDLE_TRAINER_ID", "PADDLE_LOCAL_RANK"
     # Its HTTP master waits for the other nodes with no time limit (--elastic_timeout only
@@ -66,14 +72,18 @@ class _PaddleLauncher(Launcher):
             opts += ["--ips", dist.master_addr, "--start_port", str(dist.master_port)]
         return opts
 
+    def remove_stale(self) -> None:
+        _remove_stale_folders()
+
     @contextmanager
     def beside(self, dist: DistConfig, run_dir: Path) -> Iterator[Beside]:
+        _remove_stale_folders()
         with _private_log_dir(run_dir) as log_dir:
             if not dist.max_restarts:
-                yield Beside(options=["--log_dir", log_dir])
+                yield Beside(options=["--log_dir", log_dir], module=SHIM)
                 return
             with self._elastic(dist, run_dir) as elastic:
-                yield Beside(options=["--log_dir", log_dir, *elastic.options], env=elastic.env, module=elastic.module)
+                yield Beside(options=["--log_dir", log_dir, *elastic.options], env=elastic.env, module=SHIM)
 
     @contextmanager
     def _elastic(self, dist: DistConfig, run_dir: Path) -> Iterator[Beside]:
@@ -91,8 +101,9 @@ class _PaddleLauncher(Launcher):
             # Before each (re)start it waits for every node's pod ten times --elastic_timeout
             # (the default: 300 s), then ends the job: a lost node is given dist.timeout_s.
             options += ["--elastic_timeout", str(max(1, math.ceil(dist.timeout_s / 10)))]
-            # Its race between a failed pod's restart and its wait for the others, closed.
-            yield Beside(options=options, env=env, module=f"{__package__}.elastic_launch")
+            # Its race between a failed pod's restart and its wait for the others is closed in
+            # the shim every launch runs through.
+            yield Beside(options=options, env=env)
 
     def network_env(self, network: NodeNetwork) -> Dict[str, str]:
         # POD_IP is --host: the address this node registers with the master, which otherwise
@@ -129,6 +140,10 @@ class _PaddleLauncher(Launcher):
 
 LAUNCHER = _PaddleLauncher()
 
+#: paddle.distributed.launch as every unitrain job runs it: no environment written to disk, and
+#: its elastic restart's race closed.
+SHIM = f"{__package__}.elastic_launch"
+
 
 def ps_endpoints(dist: DistConfig) -> Tuple[List[str], List[str]]:
     """Every server's and trainer's address:port, node after node: a node's processes take the
@@ -154,12 +169,52 @@ def ps_role(env: Mapping[str, str], layout: PsLayout) -> Role:
     return Role("trainer", int(env.get("PADDLE_TRAINER_ID", "0")), servers, trainers)
 
 
+# --- The temporary folders a job keeps beside its launcher (its --log_dir, etcd's data), each
+# named after the main process that made it: unitrain-<what>-<pid>-<start time>-<random>. A job
+# killed outright (SIGKILL) cannot remove its own; the next launch on the machine removes those
+# whose process is gone (its pid no longer runs, or runs a later process: the start time differs).
+LAUNCH_DIR, ETCD_DIR = "unitrain-paddle-launch-", "unitrain-etcd-"
+_OWNED = re.compile(rf"^(?:{re.escape(LAUNCH_DIR)}|{re.escape(ETCD_DIR)})(\d+)-(\d+)-[^-]+$")
+
+
+def _owned_prefix(what: str) -> str:
+    """The prefix of this process's folders: ``<what><pid>-<start time>-``."""
+    pid = os.getpid()
+    return f"{what}{pid}-{processes.start_time(pid)}-"
+
+
+def _remove_stale_folders() -> None:
+    """Remove the folders of jobs whose main process is gone, saying so in one line. A folder
+    named otherwise (an older unitrain's, with no pid) is left alone: whether its job still runs
+    cannot be told."""
+    root = Path(tempfile.gettempdir())
+    try:
+        candidates = [p for p in root.iterdir() if _OWNED.match(p.name)]
+    except OSError:
+        return
+    removed = []
+    for folder in sorted(candidates):
+        pid, started = _OWNED.match(folder.name).groups()
+        if processes.start_time(int(pid)) == started or not folder.is_dir() or folder.is_symlink():
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        if not folder.exists():
+            removed.append(folder.name)
+    if removed:
+        log.info(
+            "removed %d folder(s) left in %s by Paddle jobs that no longer run: %s",
+            len(removed),
+            root,
+            ", ".join(removed),
+        )
+
+
 @contextmanager
 def _private_log_dir(run_dir: Path) -> Iterator[str]:
     """A directory only this user can read, for the launcher's logs, removed when the job ends.
     A worker that died before it could open its own log left its output only there: that log
     is kept in the run directory."""
-    with tempfile.TemporaryDirectory(prefix="unitrain-paddle-launch-") as private:
+    with tempfile.TemporaryDirectory(prefix=_owned_prefix(LAUNCH_DIR)) as private:
         try:
             yield private
         finally:
@@ -215,7 +270,7 @@ def _etcd_server(log_file: Path, host: str, client: int) -> Iterator[str]:
             "no etcd on this machine: paddle.distributed.launch restarts workers only with an etcd server "
             "(`make etcd` installs Debian's etcd-server)"
         )
-    with tempfile.TemporaryDirectory(prefix="unitrain-etcd-") as data_dir:
+    with tempfile.TemporaryDirectory(prefix=_owned_prefix(ETCD_DIR)) as data_dir:
         with _etcd_running(binary, Path(data_dir), log_file, host, client) as endpoint:
             yield endpoint
 

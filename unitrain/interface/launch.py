@@ -57,6 +57,10 @@ class Launcher(ABC):
     #: a process whose log or error holds one died of another's death, not of its own.
     peer_loss_markers: Tuple[str, ...] = ()
 
+    def remove_stale(self) -> None:
+        """Remove what jobs of this launcher that no longer run left on this machine (a job killed
+        outright cannot clean up after itself), saying so in one line; nothing by default."""
+
     @abstractmethod
     def options(self, dist: DistConfig, run_dir: Path) -> List[str]:
         """The launcher's options for a data-parallel job."""
