@@ -81,6 +81,7 @@ def test_forward_gives_logits_per_class(backend):
 
 def test_unknown_model_lists_the_available_ones():
     with pytest.raises(
-        unitrain.UnknownNameError, match="available: resnet18, resnet18_cifar, resnet18_stride2, resnet50, tiny"
+        unitrain.UnknownNameError,
+        match="available: gpt_mini, gpt_nano, resnet18, resnet18_cifar, resnet18_stride2, resnet50, tiny",
     ):
         build_model(unitrain.get_backend("torch"), "vgg16", num_classes=10)

@@ -1,4 +1,4 @@
-"""ResNets built from unitrain.spec.models specs, with the same layer names as the torch backend."""
+"""ResNets, ViTs and GPTs built from unitrain.spec.models specs, with the same layer names as the torch backend."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import paddle
 from paddle import nn
 from paddle.nn import functional as F
 
-from unitrain.spec.models import ResNetSpec, ViTSpec
+from unitrain.spec.models import GPTSpec, ResNetSpec, ViTSpec
 
-__all__ = ["build_resnet", "build_vit", "is_model", "linear_weights"]
+__all__ = ["build_gpt", "build_resnet", "build_vit", "is_model", "linear_weights"]
 
 # (place, dtype, layout) -> whether Paddle's batch_norm op there folds in the biased variance.
 _BIASED_VARIANCE: dict = {}
@@ -222,8 +222,14 @@ class Attention(nn.Layer):
         q, k, v = qkv[0], qkv[1], qkv[2]
         # The @ operator, not paddle.matmul: the legacy program that Paddle's quantized models are
         # saved in (backends/paddle/quantize.py) takes only the operator between two activations.
-        attn = self.softmax((q @ k.transpose([0, 1, 3, 2])) * self.scale)
-        return self.proj((attn @ v).transpose([0, 2, 1, 3]).reshape([0, 0, d]))
+        attn = self.attend((q @ k.transpose([0, 1, 3, 2])) * self.scale)
+        return self.project((attn @ v).transpose([0, 2, 1, 3]).reshape([0, 0, d]))
+
+    def attend(self, scores: paddle.Tensor) -> paddle.Tensor:
+        return self.softmax(scores)
+
+    def project(self, heads: paddle.Tensor) -> paddle.Tensor:
+        return self.proj(heads)
 
 
 class Gelu(nn.Layer):
@@ -275,3 +281,83 @@ class VisionTransformer(nn.Layer):
 
 def build_vit(spec: ViTSpec, num_classes: int) -> VisionTransformer:
     return VisionTransformer(spec, num_classes)
+
+
+def _dropout(p: float) -> nn.Layer:
+    # No layer at all where there is none to apply: nothing is drawn, nothing is exported.
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
+class CausalSelfAttention(Attention):
+    """The ViT's attention where position t attends to positions <= t only, with nanoGPT's
+    dropout on the attention weights and on the output projection."""
+
+    def __init__(self, dim: int, heads: int, dropout: float):
+        super().__init__(dim, heads)
+        self.attn_drop, self.proj_drop = _dropout(dropout), _dropout(dropout)
+
+    def attend(self, scores: paddle.Tensor) -> paddle.Tensor:
+        # -inf above the diagonal, shaped like the scores' own [time, time]: no buffer fixed at
+        # block_size in the state, and the time axis stays dynamic for an export.
+        mask = paddle.triu(paddle.full_like(scores[0, 0], float("-inf")), diagonal=1)
+        return self.attn_drop(self.softmax(scores + mask))
+
+    def project(self, heads: paddle.Tensor) -> paddle.Tensor:
+        return self.proj_drop(self.proj(heads))
+
+
+class GPTMlp(Mlp):
+    def __init__(self, dim: int, hidden: int, dropout: float):
+        super().__init__(dim, hidden)
+        self.drop = _dropout(dropout)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        return self.drop(super().forward(x))
+
+
+class GPTBlock(nn.Layer):
+    def __init__(self, spec: GPTSpec):
+        super().__init__()
+        d = spec.dim
+        self.norm1, self.attn = nn.LayerNorm(d), CausalSelfAttention(d, spec.heads, spec.dropout)
+        self.norm2, self.mlp = nn.LayerNorm(d), GPTMlp(d, d * spec.mlp_ratio, spec.dropout)
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Layer):
+    def __init__(self, spec: GPTSpec, vocab_size: int):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab_size, spec.dim), nn.Embedding(spec.block_size, spec.dim)
+        self.drop = _dropout(spec.dropout)
+        self.blocks = nn.Sequential(*(GPTBlock(spec) for _ in range(spec.depth)))
+        self.norm = nn.LayerNorm(spec.dim)
+        self._init_weights(spec.depth)
+
+    def _init_weights(self, depth: int) -> None:
+        # nanoGPT's (GPT-2's): N(0, 0.02) weights, zero biases, unit LayerNorms.
+        normal, zero = nn.initializer.Normal(0.0, 0.02), nn.initializer.Constant(0.0)
+        for m in self.sublayers():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                normal(m.weight)
+            if isinstance(m, nn.Linear):
+                zero(m.bias)
+        # Each block's two branches add to the residual stream; their last layers start smaller so
+        # that the stream's variance does not grow with depth.
+        residual = nn.initializer.Normal(0.0, 0.02 / math.sqrt(2 * depth))
+        for block in self.blocks:
+            for weight in (block.attn.proj.weight, block.mlp.fc2.weight):
+                residual(weight)
+
+    def forward(self, idx: paddle.Tensor) -> paddle.Tensor:
+        # The length as a tensor, not idx.shape[1]: a traced program keeps the time axis free.
+        pos = paddle.arange(paddle.shape(idx)[1], dtype="int64")
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        # The head is the token embedding (tied): logits = x @ wte^T.
+        return paddle.matmul(self.norm(self.blocks(x)), self.wte.weight, transpose_y=True)
+
+
+def build_gpt(spec: GPTSpec, vocab_size: int) -> GPT:
+    return GPT(spec, vocab_size)

@@ -32,10 +32,15 @@ def canonical_name(name: str) -> str:
     return name
 
 
+#: The built-in GPTs' embeddings: 2-D weights laid out alike in both frameworks ([rows, width]).
+_EMBEDDINGS = ("wte.weight", "wpe.weight")
+
+
 def _is_linear_weight(name: str, array: np.ndarray) -> bool:
-    # In the built-in models (ResNets, ViTs), 2-D weights are exactly the Linear ones (convolutions are
-    # 4-D, the ViT's tokens 3-D); a user's pair records its Linear weights (unitrain.model.pairing).
-    return name.endswith(".weight") and array.ndim == 2
+    # In the built-in models (ResNets, ViTs, GPTs), 2-D weights other than the GPTs' embeddings are
+    # exactly the Linear ones (convolutions are 4-D, the ViT's tokens 3-D); a user's pair records
+    # its Linear weights (unitrain.model.pairing).
+    return name.endswith(".weight") and array.ndim == 2 and not name.endswith(_EMBEDDINGS)
 
 
 def to_canonical(arrays: Arrays) -> Arrays:

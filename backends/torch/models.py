@@ -1,13 +1,17 @@
-"""ResNets built from unitrain.spec.models specs, with torchvision's layer names (conv1, bn1, layer1..4, fc)."""
+"""ResNets built from unitrain.spec.models specs, with torchvision's layer names (conv1, bn1, layer1..4, fc);
+ViTs and GPTs with the same names as the Paddle backend's."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
+from torch.nn import functional as F
 
-from unitrain.spec.models import ResNetSpec, ViTSpec
+from unitrain.spec.models import GPTSpec, ResNetSpec, ViTSpec
 
-__all__ = ["build_resnet", "build_vit", "is_model", "linear_weights"]
+__all__ = ["build_gpt", "build_resnet", "build_vit", "is_model", "linear_weights"]
 
 
 def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1) -> tuple[nn.Conv2d, nn.BatchNorm2d]:
@@ -139,8 +143,14 @@ class Attention(nn.Module):
         # One unbind, not three selects: each select's backward fills a zero tensor the size of
         # all of qkv (3% of vit_small's step on a CPU).
         q, k, v = qkv.unbind(0)
-        attn = self.softmax(torch.matmul(q, k.transpose(-2, -1)) * self.scale)
-        return self.proj(torch.matmul(attn, v).transpose(1, 2).reshape(b, n, d))
+        attn = self.attend(torch.matmul(q, k.transpose(-2, -1)) * self.scale)
+        return self.project(torch.matmul(attn, v).transpose(1, 2).reshape(b, n, d))
+
+    def attend(self, scores: torch.Tensor) -> torch.Tensor:
+        return self.softmax(scores)
+
+    def project(self, heads: torch.Tensor) -> torch.Tensor:
+        return self.proj(heads)
 
 
 class Mlp(nn.Module):
@@ -182,3 +192,80 @@ class VisionTransformer(nn.Module):
 
 def build_vit(spec: ViTSpec, num_classes: int) -> VisionTransformer:
     return VisionTransformer(spec, num_classes)
+
+
+def _dropout(p: float) -> nn.Module:
+    # No layer at all where there is none to apply: nothing is drawn, nothing is exported.
+    return nn.Dropout(p) if p > 0 else nn.Identity()
+
+
+class CausalSelfAttention(Attention):
+    """The ViT's attention where position t attends to positions <= t only, with nanoGPT's
+    dropout on the attention weights and on the output projection."""
+
+    def __init__(self, dim: int, heads: int, dropout: float):
+        super().__init__(dim, heads)
+        self.attn_drop, self.proj_drop = _dropout(dropout), _dropout(dropout)
+
+    def attend(self, scores: torch.Tensor) -> torch.Tensor:
+        # -inf above the diagonal, shaped like the scores' own [time, time]: no buffer fixed at
+        # block_size in the state, and the time axis stays dynamic for an export.
+        mask = torch.full_like(scores[0, 0], float("-inf")).triu(1)
+        return self.attn_drop(self.softmax(scores + mask))
+
+    def project(self, heads: torch.Tensor) -> torch.Tensor:
+        return self.proj_drop(self.proj(heads))
+
+
+class GPTMlp(Mlp):
+    def __init__(self, dim: int, hidden: int, dropout: float):
+        super().__init__(dim, hidden)
+        self.drop = _dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(super().forward(x))
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, spec: GPTSpec):
+        super().__init__()
+        d = spec.dim
+        self.norm1, self.attn = nn.LayerNorm(d), CausalSelfAttention(d, spec.heads, spec.dropout)
+        self.norm2, self.mlp = nn.LayerNorm(d), GPTMlp(d, d * spec.mlp_ratio, spec.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, spec: GPTSpec, vocab_size: int):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab_size, spec.dim), nn.Embedding(spec.block_size, spec.dim)
+        self.drop = _dropout(spec.dropout)
+        self.blocks = nn.Sequential(*(GPTBlock(spec) for _ in range(spec.depth)))
+        self.norm = nn.LayerNorm(spec.dim)
+        self._init_weights(spec.depth)
+
+    def _init_weights(self, depth: int) -> None:
+        # nanoGPT's (GPT-2's): N(0, 0.02) weights, zero biases, unit LayerNorms.
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, 0.0, 0.02)
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
+        # Each block's two branches add to the residual stream; their last layers start smaller so
+        # that the stream's variance does not grow with depth.
+        for block in self.blocks:
+            for weight in (block.attn.proj.weight, block.mlp.fc2.weight):
+                nn.init.normal_(weight, 0.0, 0.02 / math.sqrt(2 * depth))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.drop(self.wte(idx) + self.wpe(pos))
+        # The head is the token embedding (tied): logits = x @ wte^T.
+        return F.linear(self.norm(self.blocks(x)), self.wte.weight)
+
+
+def build_gpt(spec: GPTSpec, vocab_size: int) -> GPT:
+    return GPT(spec, vocab_size)

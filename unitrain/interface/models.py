@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any, List, Protocol, cast
 
 from unitrain.interface import modules
-from unitrain.spec.models import ResNetSpec, ViTSpec
+from unitrain.spec.models import GPTSpec, ResNetSpec, ViTSpec
 
 
 class ModelsModule(Protocol):
@@ -18,6 +18,10 @@ class ModelsModule(Protocol):
 
     def build_vit(self, spec: ViTSpec, num_classes: int) -> Any:
         """The framework's Vision Transformer for ``spec``, initialised by the framework's own RNG."""
+
+    def build_gpt(self, spec: GPTSpec, vocab_size: int) -> Any:
+        """The framework's GPT for ``spec``: int64 token ids [batch, time <= block_size] in, float32
+        logits [batch, time, vocab_size] out; initialised by the framework's own RNG."""
 
     def is_model(self, obj: Any) -> bool:
         """Whether ``obj`` is the framework's model type (what a user's factory must return)."""

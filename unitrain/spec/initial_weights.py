@@ -1,8 +1,9 @@
 """Initial weights drawn once in NumPy (``model.init=shared``), the same for every framework.
 
-The scheme is the one both backends apply with their own RNGs (Kaiming-normal fan-out convs,
-unit BatchNorm, the last BatchNorm of each residual branch zeroed, PyTorch's default uniform
-Linear), so a shared run differs from a framework-initialised one only in the random draws.
+The scheme is the one both backends apply with their own RNGs (the ResNets: Kaiming-normal fan-out
+convs, unit BatchNorm, the last BatchNorm of each residual branch zeroed, PyTorch's default uniform
+Linear; the GPTs: nanoGPT's), so a shared run differs from a framework-initialised one only in the
+random draws.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from unitrain.spec.models import ResNetSpec
+from unitrain.spec.models import GPTSpec, ResNetSpec
 
 Arrays = Dict[str, np.ndarray]
 
@@ -70,4 +71,27 @@ def generic_init(shapes: Dict[str, Tuple[int, ...]], seed: int) -> Arrays:
             fan_in = max(1, math.prod(shape[1:]))
             bound = 1.0 / math.sqrt(fan_in)
             out[name] = rng.uniform(-bound, bound, shape).astype(np.float32)
+    return out
+
+
+def gpt_init(shapes: Dict[str, Tuple[int, ...]], spec: GPTSpec, seed: int) -> Arrays:
+    """Canonical arrays for a GPT (the backends' names, Linear weights [out, in]), nanoGPT's
+    scheme: embeddings and Linear weights N(0, 0.02), each block's attn.proj and mlp.fc2 weights
+    N(0, 0.02 / sqrt(2 * depth)), biases 0, LayerNorm scales 1. Each parameter is drawn from its
+    own stream, numbered by its place among the sorted names: one parameter's draws do not depend
+    on any other's shape or on the state's order."""
+    residual = re.compile(r"blocks\.\d+\.(attn\.proj|mlp\.fc2)\.weight$")
+    out: Arrays = {}
+    for place, name in enumerate(sorted(shapes)):
+        shape = shapes[name]
+        rng = np.random.default_rng((seed, 2, place))
+        if name.endswith(".bias"):
+            out[name] = np.zeros(shape, np.float32)
+        elif len(shape) == 1 and name.endswith(".weight"):  # LayerNorm scale
+            out[name] = np.ones(shape, np.float32)
+        elif len(shape) == 2 and name.endswith(".weight"):  # embeddings and Linears
+            std = 0.02 / math.sqrt(2 * spec.depth) if residual.search(name) else 0.02
+            out[name] = rng.normal(0.0, std, shape).astype(np.float32)
+        else:
+            raise ValueError(f"no initialiser for {name} {shape}")
     return out

@@ -1,4 +1,4 @@
-"""Framework-neutral model specifications: the ResNets and the Vision Transformers.
+"""Framework-neutral model specifications: the ResNets, the Vision Transformers and the GPTs.
 
 Both backends build their networks from these specs, so "resnet50" or "vit_small" is the same
 architecture (layer order, widths, parameter names and count) on Paddle and on PyTorch by
@@ -89,7 +89,37 @@ class ViTSpec:
         return (self.image_size // self.patch) ** 2 + 1
 
 
-ModelSpec = Union[ResNetSpec, ViTSpec]
+@dataclass(frozen=True)
+class GPTSpec:
+    """A decoder-only language model, nanoGPT's shape: token and learned position embeddings,
+    ``depth`` pre-norm blocks of causal multi-head self-attention (written out as the ViT's) and a
+    GELU MLP, a final LayerNorm, and a head tied to the token embedding (logits = x @ wte^T), so
+    the vocabulary costs one matrix. The vocabulary's size is the data's (``num_classes``)."""
+
+    dim: int
+    depth: int
+    heads: int
+    # The context length: the position embeddings' rows, the longest sequence the model takes.
+    block_size: int
+    mlp_ratio: int = 4
+    # Of the embeddings, the attention weights and the residual branches' outputs, in training.
+    dropout: float = 0.0
+
+    @property
+    def feature_dim(self) -> int:
+        """What the (tied) head reads, as a classifier's features: the memory check sizes it."""
+        return self.dim
+
+    def num_parameters(self, vocab_size: int) -> int:
+        """What the built model holds: no head matrix, it is the token embedding's."""
+        d, hidden = self.dim, self.dim * self.mlp_ratio
+        norms = 2 * 2 * d
+        attention = (d * 3 * d + 3 * d) + (d * d + d)  # qkv, proj
+        mlp = (d * hidden + hidden) + (hidden * d + d)  # fc1, fc2
+        return (vocab_size + self.block_size) * d + self.depth * (norms + attention + mlp) + 2 * d
+
+
+ModelSpec = Union[ResNetSpec, ViTSpec, GPTSpec]
 MODELS: Registry[ModelSpec] = Registry("model")
 MODELS.register("resnet50", ResNetSpec("bottleneck", (3, 4, 6, 3)))
 MODELS.register("resnet18", ResNetSpec("basic", (2, 2, 2, 2)))
@@ -100,3 +130,11 @@ MODELS.register("tiny", ResNetSpec("basic", (1, 1, 1, 1), width=8))
 # Patch size 4 suits 32x32 images (64 patches; 28x28 Fashion-MNIST: 49). vit_tiny is for tests.
 MODELS.register("vit_tiny", ViTSpec(patch=4, dim=32, depth=2, heads=2, mlp_ratio=2))
 MODELS.register("vit_small", ViTSpec(patch=4, dim=192, depth=6, heads=3))
+# nanoGPT's shape. gpt_nano is for tests; gpt_mini is its CPU recipe (shakespeare_char on a laptop).
+MODELS.register("gpt_nano", GPTSpec(dim=64, depth=2, heads=2, block_size=32))
+MODELS.register("gpt_mini", GPTSpec(dim=128, depth=4, heads=4, block_size=64))
+
+
+def is_language_model(name: str) -> bool:
+    """Whether ``model.name`` names a language model: token ids in, next-token logits out."""
+    return name in MODELS and isinstance(MODELS.get(name), GPTSpec)
