@@ -11,7 +11,7 @@ PS_STAMP := $(PS_VENV)/.installed
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: run test test-slow test-all lint format bench recipe setup ps-env clean fashion-mnist netns slurm etcd chromium
+.PHONY: run test test-slow test-all lint format bench recipe setup ps-env clean fashion-mnist netns slurm etcd chromium corpus
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -81,7 +81,19 @@ etcd:
 	  echo "could not install etcd-server: Paddle's restart test will skip"; \
 	else echo "etcd-server is not installed and this is not root with apt-get: Paddle's restart test will skip"; fi
 
-run: $(STAMP)
+# data=text's default corpus (conf/data/text.yaml): Jane Austen's six novels, 4.0 MB of text files
+# in data/corpus/austen (git ignores them), unpacked by scripts/austen_corpus.py from Debian's
+# r-cran-janeaustenr, which `apt-get download` fetches without installing R (as root it runs
+# apt-get update first when the package lists lack it); otherwise the default-corpus test skips.
+CORPUS := data/corpus/austen
+corpus:
+	@if [ -d $(CORPUS) ]; then :; \
+	elif command -v apt-get >/dev/null && command -v dpkg-deb >/dev/null; then \
+	  $(PYTHON) scripts/austen_corpus.py $(CORPUS) || \
+	  echo "could not make the default corpus $(CORPUS): its test will skip, and data=text needs data.path"; \
+	else echo "no apt-get to fetch r-cran-janeaustenr: the default-corpus test will skip, and data=text needs data.path"; fi
+
+run: $(STAMP) corpus
 	$(PY) -m unitrain -m backend=paddle,torch
 
 # JUNIT_DIR: where each pytest run writes a JUnit report (CI: for its list of the slowest tests).
@@ -90,13 +102,13 @@ junit = $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/$(1).xml)
 # README's test command: every test not marked slow, under 12 minutes on 2 cores. The slow ones
 # (wheel install, multi-process jobs, multi-node hosts, quantization, parameter servers, the benchmark harness) run
 # with `make test-slow`; CI (.ci/run) runs both.
-test: $(STAMP) $(PS_STAMP) fashion-mnist
+test: $(STAMP) $(PS_STAMP) fashion-mnist corpus
 	$(PY) -m pytest -q -m "not slow" --durations=10 $(call junit,fast)
 
 # Two at a time (pytest-xdist, a test file to a worker): most of their time is processes
 # starting, waiting for each other and ending; those that time how soon something ends or watch
 # every process of the machine (marked serial) run alone after them.
-test-slow: $(STAMP) $(PS_STAMP) fashion-mnist netns slurm etcd chromium
+test-slow: $(STAMP) $(PS_STAMP) fashion-mnist netns slurm etcd chromium corpus
 	$(PY) -m pytest -q -m "slow and not serial" -n 2 --dist loadfile --durations=20 $(call junit,slow)
 	$(PY) -m pytest -q -m "slow and serial" --durations=10 $(call junit,serial)
 
