@@ -51,5 +51,6 @@ def lr_at(step: int, total_steps: int, cfg: OptimConfig, base_lr: float | None =
         return base * cfg.gamma ** (after // cfg.step_size)
     if cfg.schedule == "cosine":
         span = max(1, total_steps - cfg.warmup_steps)
-        return 0.5 * base * (1 + math.cos(math.pi * min(after, span) / span))
+        floor = base * cfg.min_lr_ratio
+        return floor + 0.5 * (base - floor) * (1 + math.cos(math.pi * min(after, span) / span))
     raise ValueError(f"unknown schedule {cfg.schedule!r}")

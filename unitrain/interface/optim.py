@@ -1,12 +1,16 @@
-"""The seed's optimizer (momentum SGD, L2 weight decay) in the framework: what
-``backends/<name>/optim.py`` provides, and the one rule both follow for weight decay."""
+"""The optimizers of collective jobs (momentum, sgd, adam, adamw) in the framework: what
+``backends/<name>/optim.py`` provides, and the one rule both follow for which parameters decay
+(docs/optimizers.md)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol, Sequence, cast
+from typing import Any, Collection, Mapping, Optional, Protocol, Sequence, TypeVar, cast
 
 from unitrain.config.schema import OptimConfig
+from unitrain.errors import ConfigError
 from unitrain.interface import modules
+
+Rule = TypeVar("Rule")
 
 
 class OptimModule(Protocol):
@@ -18,11 +22,30 @@ class OptimModule(Protocol):
         """The name of the first optimizer state (momentum buffer...) holding nan or inf, or None."""
 
 
-def decays(name: str, shape: Sequence[int]) -> bool:
+#: What every backend's build_optimizer builds: the optimizers of collective jobs and of
+#: unitrain.parity. (A parameter-server job's servers have rules of their own: PS_OPTIMIZERS.)
+OPTIMIZERS = ("momentum", "sgd", "adam", "adamw")
+#: The ones that read optim.beta1, optim.beta2 and optim.eps.
+ADAPTIVE = ("adam", "adamw")
+
+
+def rule_of(rules: Mapping[str, Rule], name: Any) -> Rule:
+    """A backend's builder for ``optim.name``; a name no backend builds (a parameter-server
+    rule, from a library user who skipped validation) is one line."""
+    if str(name) not in rules:
+        raise ConfigError(
+            "optim.name", str(name), f"one of {', '.join(OPTIMIZERS)} (the optimizers of collective jobs)"
+        )
+    return rules[str(name)]
+
+
+def decays(name: str, shape: Sequence[int], embeddings: Collection[str] = ()) -> bool:
     """Whether ``optim.decay_norm_and_bias=false`` still decays this parameter: only the conv
-    and linear weights do (BatchNorm scales and shifts and biases are 1-D); the same rule on
-    both frameworks, whose parameter names line up."""
-    return len(shape) > 1
+    and linear weights do. Normalisation scales and shifts and biases are 1-D; an Embedding's
+    table is 2-D like a Linear's weight, so each backend names its Embedding layers' weights
+    (``embeddings``, found by the framework's Embedding type). The same rule on both
+    frameworks, whose parameter names line up."""
+    return len(shape) > 1 and name not in embeddings
 
 
 def optim_module(backend: str) -> OptimModule:
