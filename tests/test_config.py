@@ -44,7 +44,12 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
         # The parameter-server job's options: valid within that job.
         extra.append("experiment=wide_deep_ps")
     if option == "custom":
-        extra.append("model.torch=json:loads")  # validation finds the module; it does not build
+        # Validation builds the user's model once, to check its logits' shape on one batch.
+        extra.append("model.torch=examples.gallery.convmixer:build")
+    if option.startswith("gpt_") or option == "text":
+        # A language model and its corpus go together.
+        (tmp_path / "corpus.txt").write_text("A short corpus of plain prose, long enough for a block or two. " * 20)
+        extra += ["data=text" if group == "model" else "model=gpt_nano", f"data.path={tmp_path / 'corpus.txt'}"]
     if option == "criteo":
         (tmp_path / "train.txt").write_text("0" + "\t" * 39 + "\n")
         extra.append(f"data.path={tmp_path / 'train.txt'}")

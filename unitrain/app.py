@@ -105,7 +105,9 @@ def _hydra_main(cfg: DictConfig) -> Optional[float]:
     summary = run(cfg)
     if not search.searching(HydraConfig.get()):
         return None
-    result = objective.value(cfg.objective, summary, Path(HydraConfig.get().runtime.output_dir))
+    result = objective.value(
+        cfg.objective, summary, Path(HydraConfig.get().runtime.output_dir), cfg.data.name == "text"
+    )
     print(f"unitrain: objective {cfg.objective.metric} = {result:.6g}", flush=True)
     return result
 

@@ -21,7 +21,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("dirs", nargs="+", help="run directories, multirun directories, or both")
     parser.add_argument("--out", help="where to write the report (default: the first directory)")
     parser.add_argument("--baseline", type=int, default=0, help="row that ratios refer to (default 0)")
-    parser.add_argument("--target-loss", type=float, help="also report the time each run took to reach this loss")
+    parser.add_argument(
+        "--target-loss",
+        type=float,
+        help="also report the time each run took to reach this loss (a language model: its held-out loss)",
+    )
     parser.add_argument(
         "--target-accuracy",
         type=float,

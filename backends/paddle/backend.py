@@ -58,7 +58,9 @@ class PaddleBackend(Backend):
         paddle.seed(seed)
 
     def loss(self, logits, labels, label_smoothing: float = 0.0):
-        return F.cross_entropy(logits.astype("float32"), labels, label_smoothing=label_smoothing)
+        # A language model's [batch, time, vocab] logits: every position is a prediction.
+        logits = logits.reshape([-1, logits.shape[-1]])
+        return F.cross_entropy(logits.astype("float32"), labels.reshape([-1]), label_smoothing=label_smoothing)
 
     def to_numpy(self, tensor):
         return tensor.detach().astype("float32").numpy()

@@ -33,7 +33,9 @@ class TorchBackend(Backend):
         torch.manual_seed(seed)
 
     def loss(self, logits, labels, label_smoothing: float = 0.0):
-        return F.cross_entropy(logits.float(), labels, label_smoothing=label_smoothing)
+        # A language model's [batch, time, vocab] logits: every position is a prediction.
+        logits = logits.reshape(-1, logits.shape[-1])
+        return F.cross_entropy(logits.float(), labels.reshape(-1), label_smoothing=label_smoothing)
 
     def to_numpy(self, tensor):
         return tensor.detach().float().cpu().numpy()

@@ -77,7 +77,17 @@ class OptimName(Choice):
     sgd = "sgd"
     # Parameter-server jobs only: the sparse tables' rules are Paddle's servers' (unitrain/ps/table.py).
     adagrad = "adagrad"
+    # Collective jobs too: Adam with L2 weight decay (added to the gradient), and AdamW with
+    # decoupled weight decay (Loshchilov & Hutter), one update rule on both frameworks.
     adam = "adam"
+    adamw = "adamw"
+
+
+class Tokenizer(Choice):
+    # The corpus's characters, one token each (nanoGPT's shakespeare_char).
+    char = "char"
+    # Byte-level BPE trained on the training split (the `tokenizers` library).
+    bpe = "bpe"
 
 
 class Schedule(Choice):
@@ -154,7 +164,7 @@ class QuantMethod(Choice):
     qat = "qat"
 
 
-DATASET_NAMES = ("synthetic", "learnable", "imagefolder", "fashion_mnist")
+DATASET_NAMES = ("synthetic", "learnable", "imagefolder", "fashion_mnist", "text")
 # dist.mode=ps trains a click-through model on Criteo-format rows (unitrain.ps).
 PS_MODELS = ("wide_deep",)
 PS_DATASETS = ("criteo", "criteo_synthetic")
@@ -221,6 +231,9 @@ class ModelConfig:
     torch: Optional[str] = None
     kwargs: Any = None  # a mapping: model.kwargs={width:64}
     mapping: Optional[str] = None
+    # Language models (gpt_*): the dropout probability of the embeddings, attention and MLP
+    # outputs in training (0: none; parity and the conversion check need it off).
+    dropout: float = 0.0
 
 
 @dataclass
@@ -258,6 +271,13 @@ class DataConfig:
     # imagefolder only: skip files that cannot be decoded (counted in summary.json) instead of
     # ending the run with one line naming the first such file.
     skip_bad_files: bool = False
+    # data=text only (docs/text.md): how the corpus becomes tokens, the BPE vocabulary's size,
+    # tokens per training sample (None: the model's context length), and the share of the
+    # corpus's tokens, at its end, held out.
+    tokenizer: Tokenizer = Tokenizer.char
+    vocab_size: int = 1024
+    block_size: Optional[int] = None
+    val_fraction: float = 0.1
 
 
 @dataclass
@@ -280,8 +300,15 @@ class OptimConfig:
     label_smoothing: float = 0.0
     # Rescale all gradients together when their global L2 norm exceeds this (None: never).
     clip_grad_norm: Optional[float] = None
-    # false: no weight decay on BatchNorm parameters and biases (common in ResNet recipes).
+    # false: no weight decay on normalisation parameters, biases and embeddings (common in
+    # ResNet and transformer recipes): only the weights of convolutions and Linears decay.
     decay_norm_and_bias: bool = True
+    # adam and adamw: the moments' decay rates and the denominator's epsilon.
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    # cosine schedule: the lr it ends at, as a fraction of the peak (0: down to zero).
+    min_lr_ratio: float = 0.0
 
 
 @dataclass

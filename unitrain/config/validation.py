@@ -26,8 +26,9 @@ from unitrain.config.schema import (
     UnitrainConfig,
 )
 from unitrain.data.augment import AUGMENTATIONS
+from unitrain.data.text import check_text_config
 from unitrain.errors import ConfigError
-from unitrain.spec.models import CUSTOM, MODELS, ResNetSpec, ViTSpec
+from unitrain.spec.models import CUSTOM, MODELS, GPTSpec, ResNetSpec, ViTSpec
 
 #: Restarts of failed workers a job may ask for (dist.max_restarts).
 MAX_RESTARTS = 100
@@ -126,6 +127,44 @@ def _check_data(data: DataConfig) -> None:
         )
 
 
+#: data=text's own keys, with the values that mean "not used" on other data.
+TEXT_KEYS = {"tokenizer": "char", "vocab_size": 1024, "block_size": None, "val_fraction": 0.1}
+
+
+def _check_language(cfg: UnitrainConfig | ParityConfig) -> None:
+    """A language model trains on text and text trains a language model (or a user's model,
+    which the job asks for a text factory); text's own keys are refused on other data."""
+    spec = MODELS.get(cfg.model.name) if cfg.model.name in MODELS else None
+    text = cfg.data.name == "text"
+    if isinstance(spec, GPTSpec) and not text:
+        raise ConfigError("data", cfg.data.name, f"text with model={cfg.model.name} (a language model), e.g. data=text")
+    if text and spec is not None and not isinstance(spec, GPTSpec):
+        language = ", ".join(n for n in MODELS.names() if isinstance(MODELS.get(n), GPTSpec))
+        raise ConfigError("model", cfg.model.name, f"a language model with data=text: {language} or custom")
+    if not 0 <= cfg.model.dropout < 1:  # also false for nan
+        raise ConfigError("model.dropout", cfg.model.dropout, "a probability in [0, 1)")
+    if cfg.model.dropout and not isinstance(spec, GPTSpec):
+        raise ConfigError(
+            "model.dropout", cfg.model.dropout, f"0 with model={cfg.model.name} (only gpt_* models read it)"
+        )
+    if not text:
+        for key, unused in TEXT_KEYS.items():
+            if getattr(cfg.data, key) != unused:
+                raise ConfigError(
+                    f"data.{key}", getattr(cfg.data, key), f"unset with data={cfg.data.name} (data=text reads it)"
+                )
+        return
+    if cfg.data.augment != "none":
+        raise ConfigError("data.augment", cfg.data.augment, "none with data=text (augmentation is for images)")
+    if isinstance(spec, GPTSpec) and cfg.data.block_size is not None and cfg.data.block_size > spec.block_size:
+        raise ConfigError(
+            "data.block_size", cfg.data.block_size, f"at most {spec.block_size}, {cfg.model.name}'s context length"
+        )
+    if spec is None and cfg.data.block_size is None:
+        raise ConfigError("data.block_size", None, "the tokens per sample (an integer > 0) with a model of your own")
+    check_text_config(cfg.data, spec.block_size if isinstance(spec, GPTSpec) else None)
+
+
 def _check_optim(optim: OptimConfig) -> None:
     positive("optim.lr", optim.lr)
     if optim.lr > MAX_LR:
@@ -145,8 +184,47 @@ def _check_optim(optim: OptimConfig) -> None:
         raise ConfigError("optim.label_smoothing", optim.label_smoothing, "a number in [0, 1)")
     if optim.clip_grad_norm is not None:
         positive("optim.clip_grad_norm", optim.clip_grad_norm)
+    _check_adaptive(optim)
     if optim.nesterov and optim.momentum == 0:
         raise ConfigError("optim.nesterov", True, "false when optim.momentum=0 (Nesterov needs momentum)")
+    if not (math.isfinite(optim.min_lr_ratio) and 0 <= optim.min_lr_ratio <= 1):
+        raise ConfigError(
+            "optim.min_lr_ratio", optim.min_lr_ratio, "a number in [0, 1]: the cosine schedule's last lr over its peak"
+        )
+
+
+#: The optimizers that read optim.beta1, optim.beta2 and optim.eps (unitrain.interface.optim.ADAPTIVE).
+_ADAPTIVE = ("adam", "adamw")
+#: The values adam and adamw read, as the schema's defaults (the others must leave them so).
+_ADAPTIVE_DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
+
+
+def _check_adaptive(optim: OptimConfig) -> None:
+    """Adam's keys in their ranges, and each optimizer given only the keys it reads."""
+    for key in ("beta1", "beta2"):
+        if not 0 <= getattr(optim, key) < 1:  # also false for nan
+            raise ConfigError(f"optim.{key}", getattr(optim, key), "a number in [0, 1): a moment's decay rate")
+    if not (math.isfinite(optim.eps) and 0 < optim.eps <= 1):
+        # Above 1 it no longer guards a denominator but replaces it; 1e300 is inf in float32.
+        raise ConfigError("optim.eps", optim.eps, "a number in (0, 1]: the denominator's epsilon")
+    name = str(optim.name)
+    if name in _ADAPTIVE:
+        if optim.nesterov:
+            raise ConfigError("optim.nesterov", True, f"false with optim.name={name} (Nesterov is momentum's)")
+        if optim.momentum:
+            raise ConfigError(
+                "optim.momentum", optim.momentum, f"0 with optim.name={name} (its first moment's rate is optim.beta1)"
+            )
+        return
+    if name == "sgd" and optim.momentum:
+        raise ConfigError("optim.momentum", optim.momentum, "0 with optim.name=sgd (plain SGD; or optim=momentum)")
+    for key, default in _ADAPTIVE_DEFAULTS.items():
+        if getattr(optim, key) != default:
+            raise ConfigError(
+                f"optim.{key}",
+                getattr(optim, key),
+                f"{default:g} (its default) with optim.name={name}: only adam and adamw read it",
+            )
 
 
 def _check_trainer(trainer: TrainerConfig) -> None:
@@ -262,6 +340,7 @@ def check_groups(cfg: UnitrainConfig | ParityConfig) -> None:
     """The rules of the groups every command that trains has: model, data, optim, trainer."""
     not_empty("model.mapping", cfg.model.mapping)
     _check_data(cfg.data)
+    _check_language(cfg)
     _check_optim(cfg.optim)
     _check_trainer(cfg.trainer)
 
@@ -273,12 +352,15 @@ def check_config(cfg: UnitrainConfig) -> None:
     _check_amp(cfg.amp)
     _check_dist(cfg)
     _check_profiler(cfg.profiler)
-    _check_objective(cfg.objective)
+    _check_objective(cfg.objective, cfg.data.name == "text")
 
 
-def _check_objective(objective: Any) -> None:
+def _check_objective(objective: Any, text: bool) -> None:
     target = objective.target
-    if objective.metric == "time_to_target":
+    if objective.metric == "time_to_target" and text:
+        if target is None or not math.isfinite(target) or target <= 0:
+            raise ConfigError("objective.target", target, "the held-out loss to reach, a finite number > 0")
+    elif objective.metric == "time_to_target":
         if target is None or not math.isfinite(target) or not 0 < target <= 1:
             raise ConfigError("objective.target", target, "the held-out top-1 to reach, a number in (0, 1]")
     elif target is not None:

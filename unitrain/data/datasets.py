@@ -240,7 +240,10 @@ def build_dataset(cfg, default_size: int, seed: int):
 
 
 def has_held_out(cfg) -> bool:
-    """Whether a DataConfig has a held-out set (:func:`build_heldout_dataset` builds it)."""
+    """Whether a DataConfig has a held-out set (:func:`build_heldout_dataset` builds it; a text
+    corpus's is its last data.val_fraction, unitrain.data.text)."""
+    if cfg.name == "text":
+        return True
     cls = DATASETS.get(cfg.name)
     if cls is FashionMNISTDataset:
         return True

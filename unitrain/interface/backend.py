@@ -122,7 +122,9 @@ class Backend(ABC):
         def keep(name: str) -> Callable[[Native], None]:
             # Copied at once: to_numpy of a CPU float32 tensor shares its memory, which an
             # in-place activation after the layer (torch's nn.ReLU(inplace=True)) then rewrites.
-            return lambda out: outputs.append((name, np.array(self.to_numpy(out), copy=True)))
+            # A recurrent layer returns (output, state): its output is what the next layer reads.
+            first = lambda out: out[0] if isinstance(out, (tuple, list)) else out  # noqa: E731
+            return lambda out: outputs.append((name, np.array(self.to_numpy(first(out)), copy=True)))
 
         handles = [self._on_output(layer, keep(name)) for name, layer in self._leaf_layers(model)]
         try:

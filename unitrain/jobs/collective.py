@@ -13,9 +13,11 @@ from typing import Any, Dict
 from unitrain.config.schema import DATASET_NAMES, PS_DATASETS, PS_MODELS, ModelInit, UnitrainConfig
 from unitrain.config.validation import check_image_model, one_of
 from unitrain.data.datasets import has_held_out
+from unitrain.data.text import check_text_files
 from unitrain.errors import ConfigError
 from unitrain.host.memory import check_fits
 from unitrain.interface.launch import launch_module
+from unitrain.interface.optim import OPTIMIZERS
 from unitrain.interface.validation import validation_module
 from unitrain.jobs.kind import Processes, Summary
 from unitrain.launch.shared_dir import seen_by_every_node
@@ -74,7 +76,7 @@ class CollectiveJob:
                 cfg.data.name,
                 f"one of {', '.join(DATASET_NAMES)} with dist.mode=collective ({cfg.data.name} is for dist.mode=ps)",
             )
-        one_of("optim.name", cfg.optim.name, ("momentum",))
+        one_of("optim.name", cfg.optim.name, OPTIMIZERS)
         if cfg.trainer.eval_every and not has_held_out(cfg.data):
             raise ConfigError(
                 "trainer.eval_every",
@@ -85,6 +87,8 @@ class CollectiveJob:
 
     def check_machine(self, cfg: UnitrainConfig) -> None:
         _check_image_folders(cfg)
+        if cfg.data.name == "text":
+            check_text_files(cfg.data)  # read, not tokenized: the workers tokenize (once, cached)
         spec = MODELS.get(cfg.model.name) if cfg.model.name in MODELS else None
         features = spec.feature_dim if spec is not None else None
         check_fits(cfg.data.image_size, cfg.trainer.batch_size, cfg.data.num_classes, features)
@@ -175,24 +179,32 @@ def _check_image_folders(cfg: UnitrainConfig) -> None:
 
 
 def _check_custom(cfg: UnitrainConfig) -> None:
-    """model=custom: the backend's factory names a module that exists (found, not imported: it
-    imports its framework), and the mapping file exists."""
+    """model=custom, before anything is written: model.kwargs is a mapping, the mapping file
+    reads as {name: name} pairs (a resume from the other framework's checkpoint reads it), the
+    backend's factory names a module that exists (or converts, with convert), and the model it
+    builds gives logits of the shape the data needs on one batch: [batch, classes], or
+    [batch, time, vocab] with data=text. This imports the framework. A converted half is then
+    compared with its source layer by layer."""
     key = f"model.{cfg.backend.name}"
     path = getattr(cfg.model, cfg.backend.name, None)
-    if path == CONVERT:
-        translation = custom_model(cfg.model, cfg.data.image_size).translation(cfg.backend.name)
-        if translation.directory not in _FORWARD_CHECKED:
-            _FORWARD_CHECKED[translation.directory] = check_converted(cfg, cfg.backend.name)
-        return
-    allowed = f"an import path pkg.module:function that builds the {cfg.backend.name} model (model=custom)"
-    if not path:
-        raise ConfigError(key, path, allowed)
-    module = path.split(":")[0] if ":" in path else path.rpartition(".")[0]
-    try:
-        found = bool(module) and importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise ConfigError(key, path, f"{allowed}; no module {module!r} on the path")
-    if cfg.model.mapping and not os.path.isfile(cfg.model.mapping):
-        raise ConfigError("model.mapping", cfg.model.mapping, "an existing JSON file of {name: name} pairs")
+    text = cfg.data.name == "text"
+    pair = custom_model(cfg.model, cfg.data.image_size, cfg.data.block_size if text else None)
+    if cfg.model.mapping:
+        if not os.path.isfile(cfg.model.mapping):
+            raise ConfigError("model.mapping", cfg.model.mapping, "an existing JSON file of {name: name} pairs")
+        pair.explicit_mapping()
+    if path != CONVERT:
+        allowed = f"an import path pkg.module:function that builds the {cfg.backend.name} model (model=custom)"
+        if not path:
+            raise ConfigError(key, path, allowed)
+        module = path.split(":")[0] if ":" in path else path.rpartition(".")[0]
+        try:
+            found = bool(module) and importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise ConfigError(key, path, f"{allowed}; no module {module!r} on the path")
+    translation = pair.translation(cfg.backend.name) if path == CONVERT else None
+    classes = pair.check_output(cfg.backend.name, cfg.data)
+    if translation is not None and translation.directory not in _FORWARD_CHECKED:
+        _FORWARD_CHECKED[translation.directory] = check_converted(cfg, cfg.backend.name, classes)

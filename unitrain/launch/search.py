@@ -101,7 +101,7 @@ def completed(cfg: DictConfig, overrides: List[str]) -> Dict[str, str]:
     resuming its study needs (they replace the user's own for the same keys). Refuses a direction
     against the objective's, a study over another search space and one with nothing left to run."""
     sweeper, given = cfg.hydra.sweeper, {o.split("=")[0].lstrip("+~") for o in overrides}
-    wanted = direction(cfg.objective)
+    wanted = direction(cfg.objective, cfg.data.name == "text")
     if "hydra.sweeper.direction" in given and str(_name(sweeper.direction)) != wanted:
         raise SearchRefused(
             f"hydra.sweeper.direction={_name(sweeper.direction)!r} is not allowed with "

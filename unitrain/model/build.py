@@ -59,7 +59,9 @@ def build_model(
             linear = models_module(backend.name).linear_weights(net)
             backend.load_state_arrays(net, shared_initial_state(backend.name, backend.state_arrays(net), linear, seed))
     # Both frameworks' layers have .to(device) returning the layer itself.
-    return net.to(device) if device else net
+    # Built on the CPU already: Paddle's LSTM and GRU hold a dropout state that is never
+    # initialised, and Layer.to() fails on it.
+    return net.to(device) if device and device != "cpu" else net
 
 
 def _load_shared_resnet(backend: Backend, net: Native, spec: ResNetSpec, seed: int, zero_init_residual: bool) -> None:

@@ -3,7 +3,9 @@
 ``model=custom model.torch=my_pkg.nets:build_torch model.paddle=my_pkg.nets:build_paddle
 model.kwargs={width: 64}`` builds the backend's model with
 ``factory(num_classes=..., image_size=..., **kwargs)``: the data's class count and image size, and
-the user's own arguments. The path is Hydra's ``_target_`` (``pkg.module.function``) or the
+the user's own arguments; with ``data=text``, ``factory(vocab_size=..., block_size=..., **kwargs)``:
+the corpus's vocabulary and data.block_size, for a model from [batch, time] token ids to
+[batch, time, vocab] logits. The path is Hydra's ``_target_`` (``pkg.module.function``) or the
 entry-point form ``pkg.module:function``; both resolve with ``hydra.utils.get_method``.
 """
 
@@ -17,12 +19,19 @@ import sys
 import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
+import numpy as np
+
+from unitrain.data.datasets import DATASETS
+from unitrain.data.text import check_text_files
 from unitrain.errors import ConfigError, UnitrainError
+from unitrain.interface.backend import get_backend
+from unitrain.interface.data import data_module
 from unitrain.interface.models import models_module
 from unitrain.interface.modules import available_backends
 from unitrain.interface.translate import translate_module
+from unitrain.model.pairing import tied
 from unitrain.model.translate import CONVERT, ConversionRefused, Translation, did_you_mean, find_source, translate
 from unitrain.spec.models import CUSTOM, MODELS, ViTSpec
 
@@ -35,6 +44,25 @@ class CustomModel:
     #: A JSON file {name in one framework's state: name in the other's} for what cannot be derived.
     mapping: Optional[str] = None
     image_size: int = 32
+    #: data=text: the tokens of a sample. Set, the factories are text factories, called with
+    #: vocab_size= and block_size=; None, image factories (num_classes=, image_size=).
+    block_size: Optional[int] = None
+
+    @property
+    def text(self) -> bool:
+        return self.block_size is not None
+
+    def arguments(self, num_classes: int) -> Dict[str, Any]:
+        """A factory's keyword arguments for data of ``num_classes`` classes (a vocabulary, for text)."""
+        data = (
+            {"vocab_size": num_classes, "block_size": self.block_size}
+            if self.text
+            else {"num_classes": num_classes, "image_size": self.image_size}
+        )
+        return {**data, **dict(self.kwargs)}
+
+    def expects(self) -> str:
+        return "vocab_size=, block_size=" if self.text else "num_classes=, image_size="
 
     def factory_path(self, backend: str) -> str:
         path = self.factories.get(backend)
@@ -48,15 +76,15 @@ class CustomModel:
         """The user's ``backend`` model for this data."""
         path = self.factory_path(backend)
         factory = self.translation(backend).factory() if path == CONVERT else resolve_factory(f"model.{backend}", path)
-        arguments = {"num_classes": num_classes, "image_size": self.image_size, **dict(self.kwargs)}
+        arguments = self.arguments(num_classes)
         try:
             inspect.signature(factory).bind(**arguments)
         except TypeError as err:
             raise ConfigError(
                 f"model.{backend}",
                 path,
-                f"a factory taking num_classes=, image_size= and model.kwargs ({', '.join(self.kwargs) or 'none'}); "
-                f"it says: {err}",
+                f"a factory taking {self.expects()} and model.kwargs ({', '.join(self.kwargs) or 'none'})"
+                f"{' (data=text)' if self.text else ''}; it says: {err}",
             ) from None
         except ValueError:  # no signature to read (a builtin): let the call say
             pass
@@ -75,7 +103,53 @@ class CustomModel:
                 f"model.{backend}", path, f"a factory that builds the model; it failed at {_where(err)}: {said}"
             ) from None
         check_model(backend, path, model)
+        # The names its state gives one tensor twice, for the pairing and model.init=shared of
+        # the model just built (unitrain.model.pairing).
+        tied(get_backend(backend), model, known=False)
         return model
+
+    def check_output(self, backend: str, data: Any) -> int:
+        """The model ``backend``'s factory builds (converted or not) for the data a DataConfig
+        ``data`` describes gives logits of the shape training needs, on one batch: [batch,
+        classes] for images, [batch, time, vocab] for token ids; else one line naming the
+        factory the user wrote, the shape it gave and the one wanted. Returns the class count
+        (the vocabulary) it was built for (:func:`classes_of`)."""
+        num_classes = classes_of(data)
+        model = self.build(backend, num_classes)
+        # The factory the user wrote: with model.<backend>=convert, the one converted from.
+        written = self.written_half(backend)
+        key, path = f"model.{written}", self.factory_path(written)
+        samples = ProbeSamples(self, num_classes, count=2)
+        inputs, _ = next(iter(data_module(backend).make_loader(samples, [[0, 1]])))
+        model.eval()
+        try:
+            output = model(inputs)
+        except (UnitrainError, MemoryError):
+            raise
+        except Exception as err:  # noqa: BLE001 - the user's model failing: one line that says where
+            said = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
+            raise ConfigError(
+                key, path, f"a model that takes {samples.describe()}; it failed at {_where(err)}: {said}"
+            ) from None
+        try:
+            shape = tuple(get_backend(backend).to_numpy(output).shape)
+        except Exception:  # noqa: BLE001 - not a tensor: a tuple, a dict of outputs
+            raise ConfigError(
+                key,
+                path,
+                f"a model whose output is one tensor of logits {samples.wanted()}; it returned a "
+                f"{type(output).__name__}",
+            ) from None
+        if shape != samples.wanted_shape():
+            raise ConfigError(
+                key, path, f"a model giving logits {samples.wanted()} for {samples.describe()}; it gave {list(shape)}"
+            )
+        return num_classes
+
+    def written_half(self, backend: str) -> str:
+        """The backend whose factory the user wrote for ``backend``'s model: itself, or where
+        ``model.<backend>=convert`` the one converted from."""
+        return translate_module(backend).SOURCE if self.factories.get(backend) == CONVERT else backend
 
     def translation(self, backend: str) -> Translation:
         """``model.<backend>=convert``: the other half's code, converted (cached)."""
@@ -104,7 +178,46 @@ class CustomModel:
             "kwargs": dict(self.kwargs),
             "mapping": self.mapping,
             "image_size": self.image_size,
+            "block_size": self.block_size,
         }
+
+
+class ProbeSamples:
+    """A few samples of what a pair's models take, to check them on: random images
+    [3, image_size, image_size], or token ids [block_size] in [0, vocab), with labels."""
+
+    def __init__(self, pair: CustomModel, num_classes: int, count: int = 2, seed: int = 0):
+        self.pair, self.num_classes, self.count = pair, num_classes, count
+        rng = np.random.default_rng(seed)
+        if pair.text:
+            shape = (count, pair.block_size)
+            self.inputs = rng.integers(0, num_classes, shape).astype(np.int64)
+            self.labels = rng.integers(0, num_classes, shape).astype(np.int64)
+        else:
+            self.inputs = rng.standard_normal((count, 3, pair.image_size, pair.image_size)).astype(np.float32)
+            self.labels = rng.integers(0, num_classes, count).astype(np.int64)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> Tuple[np.ndarray, np.ndarray]:
+        return self.inputs[index], self.labels[index]
+
+    def wanted_shape(self) -> Tuple[int, ...]:
+        if self.pair.text:
+            return (self.count, self.pair.block_size, self.num_classes)
+        return (self.count, self.num_classes)
+
+    def wanted(self) -> str:
+        if self.pair.text:
+            return f"[batch, time, vocab] = {list(self.wanted_shape())} (at every position, one per token)"
+        return f"[batch, classes] = {list(self.wanted_shape())} (one per class)"
+
+    def describe(self) -> str:
+        if self.pair.text:
+            return f"{self.count} rows of {self.pair.block_size} int64 token ids"
+        size = self.pair.image_size
+        return f"{self.count} images [3, {size}, {size}]"
 
 
 def _where(err: BaseException) -> str:
@@ -142,9 +255,17 @@ def resolve_factory(key: str, path: str) -> Any:
     except Exception as err:  # noqa: BLE001 - the user's module failing on import: one line that says where
         raise ConfigError(key, path, f"{allowed}; importing {module_name} failed at {_where(err)}: {err}") from None
     factory = getattr(module, function, None)
+    if factory is not None and not callable(factory):
+        raise ConfigError(
+            key, path, f"{allowed}; {module_name}.{function} is {_a(type(factory).__name__)}, not a function"
+        )
     if not callable(factory):
         raise ConfigError(key, path, f"{allowed}; {module_name}{did_you_mean(function, dir(module))}")
     return factory
+
+
+def _a(noun: str) -> str:
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _convert_allowed(backend: str, source: Optional[str]) -> str:
@@ -176,14 +297,40 @@ def check_factories(model_cfg: Any) -> None:
             )
 
 
-def custom_model(model_cfg: Any, image_size: int) -> CustomModel:
-    """The pair a ``model`` config group names."""
+def custom_model(model_cfg: Any, image_size: int, block_size: Optional[int] = None) -> CustomModel:
+    """The pair a ``model`` config group names; ``block_size``: data=text's, for text factories."""
     factories = {name: getattr(model_cfg, name, None) for name in available_backends()}
     return CustomModel(
         factories={k: v for k, v in factories.items() if v},
-        kwargs=dict(model_cfg.kwargs or {}),
+        kwargs=factory_kwargs(model_cfg.kwargs),
         mapping=model_cfg.mapping,
         image_size=image_size,
+        block_size=block_size,
+    )
+
+
+def classes_of(data: Any) -> int:
+    """The class count a job's factory is built for, in the main process, without loading the
+    data (the vocabulary for data=text: the corpus's characters, or data.vocab_size for BPE)."""
+    if data.name == "text":
+        return len(check_text_files(data).alphabet) if str(data.tokenizer) == "char" else int(data.vocab_size)
+    if data.name == "imagefolder":
+        return sum(1 for entry in os.scandir(data.path) if entry.is_dir())
+    count = getattr(DATASETS.get(data.name), "num_classes", None)
+    return count if isinstance(count, int) else int(data.num_classes)
+
+
+def factory_kwargs(kwargs: Any) -> Dict[str, Any]:
+    """model.kwargs: a mapping of argument names to values (or unset), else one line."""
+    if kwargs is None:
+        return {}
+    if isinstance(kwargs, Mapping) or (hasattr(kwargs, "keys") and hasattr(kwargs, "items")):
+        if all(isinstance(k, str) for k in kwargs.keys()):
+            return dict(kwargs.items())
+    raise ConfigError(
+        "model.kwargs",
+        kwargs,
+        "a mapping of the factory's own arguments, e.g. 'model.kwargs={width: 32}' (or unset)",
     )
 
 
@@ -197,7 +344,8 @@ def sized(name: str, image_size: int) -> "str | ViTSpec":
 def model_ref(cfg: Any) -> "str | ViTSpec | CustomModel":
     """What :func:`unitrain.model.build.build_model` takes for a job's config: a built-in model, or the pair."""
     if cfg.model.name == CUSTOM:
-        return custom_model(cfg.model, cfg.data.image_size)
+        text = cfg.data.name == "text"
+        return custom_model(cfg.model, cfg.data.image_size, cfg.data.block_size if text else None)
     return sized(cfg.model.name, cfg.data.image_size)
 
 
@@ -207,4 +355,5 @@ def from_record(record: Mapping[str, Any]) -> CustomModel:
         kwargs=dict(record.get("kwargs") or {}),
         mapping=record.get("mapping"),
         image_size=int(record.get("image_size", 32)),
+        block_size=record.get("block_size"),
     )

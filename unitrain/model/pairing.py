@@ -10,14 +10,21 @@ Linear weights become [out, in]; embeddings and convolutions are not transposed)
 3. otherwise by order and shape: the n-th parameter of one with the n-th of the other, each
    pair with the same canonical shape.
 
+A state may name one tensor twice: a framework's second name for it (Paddle's RNN layers name each
+weight again per cell: ``lstm.0.cell.weight_ih`` is ``lstm.weight_ih_l0``), or weights a model ties
+(an output layer sharing its embedding's weight). Such an alias is matched through the name it
+aliases and given the same value, never matched on its own (:func:`tied`).
+
 Anything else stops with one line naming the first parameter that cannot be matched: a silently
 wrong conversion would make every later comparison meaningless.
 """
 
 from __future__ import annotations
 
+import hashlib
+from collections import defaultdict
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -42,13 +49,70 @@ class Param:
     canonical: str  # after its backend's renaming
     shape: Tuple[int, ...]  # canonical layout
     transposed: bool  # stored [in, out]: transposed on the way to canonical and back
+    #: The name of the state this one aliases (the same tensor), or None.
+    alias_of: Optional[str] = None
 
 
-def table(framework: str, shapes: Mapping[str, Tuple[int, ...]], linear: Sequence[str]) -> List[Param]:
+#: A state's structure: its framework, and its names and shapes in order.
+Structure = Tuple[str, Tuple[Tuple[str, Tuple[int, ...]], ...]]
+#: What :func:`tied` found per structure, for the tables made from a state without its model (a
+#: checkpoint's arrays, model.init=shared's draws): alias -> the name it aliases.
+_TIED: Dict[Structure, Dict[str, str]] = {}
+
+
+def _structure(framework: str, shapes: Mapping[str, Tuple[int, ...]]) -> Structure:
+    return framework, tuple((name, tuple(shape)) for name, shape in shapes.items())
+
+
+def tied(backend: Any, model: Any, *, known: bool = True) -> Dict[str, str]:
+    """alias -> aliased name among ``model``'s state names (``backend``: its unitrain Backend):
+    the names whose tensor is an earlier name's. Found without the framework's help: every name
+    that could be one (the same shape and the same values as another) is written a value of its
+    own, and the state read back: names that read back one value are one tensor. The state is
+    then restored. ``known``: a structure already found is not probed again."""
+    state = backend.state_arrays(model)
+    key = _structure(backend.name, {k: v.shape for k, v in state.items()})
+    if known and key in _TIED:
+        return dict(_TIED[key])
+    alike: Dict[Any, List[str]] = defaultdict(list)
+    for name, array in state.items():
+        if array.size and array.dtype.kind in "fi" and array.dtype.itemsize >= 4:
+            digest = hashlib.sha256(np.ascontiguousarray(array).tobytes()).digest()
+            alike[array.shape, array.dtype.str, digest].append(name)
+    candidates = [name for names in alike.values() if len(names) > 1 for name in names]
+    aliases: Dict[str, str] = {}
+    if candidates:
+        probe = dict(state)
+        probe.update({name: np.full(state[name].shape, i + 1, state[name].dtype) for i, name in enumerate(candidates)})
+        backend.load_state_arrays(model, probe)
+        read = backend.state_arrays(model)
+        backend.load_state_arrays(model, state)
+        one_tensor: Dict[float, List[str]] = defaultdict(list)
+        for name in candidates:  # in the state's order: the first of a group is the name kept
+            one_tensor[float(read[name].flat[0])].append(name)
+        for names in one_tensor.values():
+            aliases.update({alias: names[0] for alias in names[1:]})
+    _TIED[key] = aliases
+    return dict(aliases)
+
+
+def known_tied(framework: str, shapes: Mapping[str, Tuple[int, ...]]) -> Dict[str, str]:
+    """What :func:`tied` found for a state of these names and shapes in this process, or {}."""
+    return dict(_TIED.get(_structure(framework, shapes), {}))
+
+
+def table(
+    framework: str,
+    shapes: Mapping[str, Tuple[int, ...]],
+    linear: Sequence[str],
+    aliases: Optional[Mapping[str, str]] = None,
+) -> List[Param]:
     """``framework``'s state (names and shapes in its order) as canonical parameters; ``linear``:
-    the names of its Linear weights."""
+    the names of its Linear weights; ``aliases``: alias -> aliased name (default: what
+    :func:`tied` found for this structure)."""
     weights = weights_module(framework)
     linear_set = set(linear)
+    aliases = known_tied(framework, shapes) if aliases is None else dict(aliases)
     out = []
     for name, shape in shapes.items():
         transposed = name in linear_set and weights.LINEAR_IN_OUT
@@ -58,14 +122,22 @@ def table(framework: str, shapes: Mapping[str, Tuple[int, ...]], linear: Sequenc
                 canonical=weights.canonical_name(name),
                 shape=tuple(reversed(shape)) if transposed else tuple(shape),
                 transposed=transposed,
+                alias_of=aliases.get(name) if aliases.get(name) in shapes else None,
             )
         )
     return [p for p in out if not p.canonical.endswith(_COUNTERS)]
 
 
+def _own(params: List[Param]) -> List[Param]:
+    """The parameters less the aliases: each tensor once."""
+    return [p for p in params if p.alias_of is None]
+
+
 def match(source: List[Param], target: List[Param], explicit: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    """Target name -> source name, for every target parameter."""
+    """Target name -> source name, for every target parameter (an alias: its aliased name's)."""
     explicit = dict(explicit or {})
+    aliased = {p.name: p.alias_of for p in target if p.alias_of}
+    source, target = _own(source), _own(target)
     by_name = {p.name: p for p in source}
     pairs: Dict[str, str] = {}
     target_names = {p.name for p in target}
@@ -89,6 +161,7 @@ def match(source: List[Param], target: List[Param], explicit: Optional[Mapping[s
     else:
         _by_order(rest_s, rest_t, pairs)
     _check_shapes(source, target, pairs)
+    pairs.update({alias: pairs[name] for alias, name in aliased.items()})
     return pairs
 
 
@@ -137,22 +210,27 @@ def convert_pair(
     pairs = match(source, target, explicit)
     by_name = {p.name: p for p in source}
     out: Arrays = {}
-    for t in target:
+    for t in _own(target):
         s = by_name[pairs[t.name]]
         canonical = arrays[s.name].T if s.transposed else arrays[s.name]
         out[t.name] = np.ascontiguousarray(canonical.T if t.transposed else canonical)
+    # An alias is the same tensor as the name it aliases: the same value, in that name's layout.
+    out.update({t.name: out[t.alias_of] for t in target if t.alias_of})
     out.update({name: np.array(0, dtype=np.int64) for name in counters})
     return out
 
 
 def shared_initial_state(framework: str, state: Arrays, linear: Sequence[str], seed: int) -> Arrays:
     """``model.init=shared`` for a user's model: :func:`generic_init`'s draws, in the framework's
-    own names and layouts (its BatchNorm counters, if any, at 0)."""
+    own names and layouts (its BatchNorm counters, if any, at 0). An alias (:func:`tied`) is
+    drawn once, as the name it aliases, and takes no place in the order: a framework that names
+    a tensor twice draws what the other draws."""
     params = table(framework, {k: tuple(v.shape) for k, v in state.items()}, linear)
-    canonical = generic_init({p.canonical: p.shape for p in params}, seed)
+    canonical = generic_init({p.canonical: p.shape for p in _own(params)}, seed)
     out = {
         p.name: np.ascontiguousarray(canonical[p.canonical].T if p.transposed else canonical[p.canonical])
-        for p in params
+        for p in _own(params)
     }
+    out.update({p.name: out[p.alias_of] for p in params if p.alias_of})
     out.update({k: np.array(0, dtype=np.int64) for k in state if k not in out})
     return out

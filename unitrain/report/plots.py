@@ -1,6 +1,6 @@
 """The training comparison's plots, drawn with matplotlib's Agg backend (no display needed):
-training loss and top-1 by step (curves.png), held-out top-1 by step and by wall time
-(held_out.png, only when runs evaluated), throughput with its spread (throughput.png) and the
+training loss and top-1 by step (curves.png), held-out top-1 (a language model's held-out loss)
+by step and by wall time (held_out.png, only when runs evaluated), throughput with its spread (throughput.png) and the
 step time split into compute and waiting for data (step_time.png). One line or bar per row of
 the table; a row's repeats are drawn fainter, in its colour.
 """
@@ -48,9 +48,15 @@ def _curves(groups: List[List[Run]]):
     return fig
 
 
+def _is_text(groups: List[List[Run]]) -> bool:
+    """Language models: their held-out loss is the measure, their rate tokens/s."""
+    return all(g[0].summary.get("text") for g in groups)
+
+
 def _held_out_curves(groups: List[List[Run]]):
     import matplotlib.pyplot as plt
 
+    key, name = ("val_loss", "held-out loss") if _is_text(groups) else ("val_top1", "held-out top-1")
     fig, (ax_step, ax_time) = plt.subplots(1, 2, figsize=(11, 4))
     for group in groups:
         for j, run in enumerate(group):
@@ -62,12 +68,12 @@ def _held_out_curves(groups: List[List[Run]]):
                 "marker": "o",
                 "markersize": 3,
             }
-            line = ax_step.plot([r["step"] for r in run.evals], [r["val_top1"] for r in run.evals], **style)[0]
+            line = ax_step.plot([r["step"] for r in run.evals], [r[key] for r in run.evals], **style)[0]
             ax_time.plot(
-                [r["elapsed_s"] for r in run.evals], [r["val_top1"] for r in run.evals], color=line.get_color(), **style
+                [r["elapsed_s"] for r in run.evals], [r[key] for r in run.evals], color=line.get_color(), **style
             )
-    ax_step.set(title="held-out top-1 by step", xlabel="step", ylabel="held-out top-1")
-    ax_time.set(title="held-out top-1 by wall time (training + evaluation)", xlabel="seconds", ylabel="held-out top-1")
+    ax_step.set(title=f"{name} by step", xlabel="step", ylabel=name)
+    ax_time.set(title=f"{name} by wall time (training + evaluation)", xlabel="seconds", ylabel=name)
     ax_step.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -77,12 +83,18 @@ def _throughput_bars(groups: List[List[Run]]):
     import matplotlib.pyplot as plt
 
     labels = [g[0].label for g in groups]
+    text = _is_text(groups)
+    # A language model's rate in tokens: every position of a sample is a prediction.
+    per = [int(g[0].summary["text"]["block_size"]) if text else 1 for g in groups]
     t = [throughput(g) for g in groups]
     fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(groups)), 4))
-    medians = [x["median"] for x in t]
-    errors = [[m - x["low"] for m, x in zip(medians, t)], [x["high"] - m for m, x in zip(medians, t)]]
+    medians = [x["median"] * k for x, k in zip(t, per)]
+    errors = [
+        [m - x["low"] * k for m, x, k in zip(medians, t, per)],
+        [x["high"] * k - m for m, x, k in zip(medians, t, per)],
+    ]
     ax.bar(labels, medians, yerr=errors, capsize=4, color="tab:blue")
-    ax.set(title="throughput (median, spread)", ylabel="samples/s")
+    ax.set(title="throughput (median, spread)", ylabel="tokens/s" if text else "samples/s")
     ax.tick_params(axis="x", rotation=20)
     fig.tight_layout()
     return fig

@@ -82,12 +82,13 @@ def _search(sweep_dir: Path, sweep: Dict[str, Any], sweeper: Dict[str, Any], tar
             space[key] = value
     cfg = OmegaConf.create({k: v for k, v in sweep.items() if k != "hydra"})
     goal = target if target is not None else cfg.objective.target
-    trials = [_trial(job, cfg.objective, space, goal) for job in _jobs(sweep_dir)]
+    text = cfg.data.name == "text"
+    trials = [_trial(job, cfg.objective, space, goal, text) for job in _jobs(sweep_dir)]
     return Search(
         sweep_dir=sweep_dir,
         framework=str(cfg.backend.name),
         metric=str(cfg.objective.metric),
-        direction=objective.direction(cfg.objective),
+        direction=objective.direction(cfg.objective, cfg.data.name == "text"),
         space=space,
         budget=f"{cfg.trainer.steps or cfg.trainer.epochs} {'steps' if cfg.trainer.steps else 'epochs'} of "
         f"{cfg.trainer.batch_size} on {cfg.data.name}",
@@ -109,16 +110,16 @@ def _summary(job: Path) -> Optional[Dict[str, Any]]:
         return None  # the trial failed, or was killed
 
 
-def _trial(job: Path, goal_cfg: Any, space: Dict[str, str], target: Optional[float]) -> Trial:
+def _trial(job: Path, goal_cfg: Any, space: Dict[str, str], target: Optional[float], text: bool) -> Trial:
     overrides = dict(str(o).split("=", 1) for o in yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()))
     summary = _summary(job)
     return Trial(
         number=int(job.name.split("_")[0]),
-        value=objective.value(goal_cfg, summary, job),
+        value=objective.value(goal_cfg, summary, job, text),
         settings={key: overrides.get(key, "?") for key in space},
         finished=summary is not None,
         seconds=(summary or {}).get("wall_time_s"),
-        to_target=objective.seconds_to(target, job / "metrics.jsonl") if target is not None else None,
+        to_target=objective.seconds_to(target, job / "metrics.jsonl", text) if target is not None else None,
     )
 
 

@@ -13,7 +13,8 @@ from typing import Any, Dict, List, Optional
 from unitrain.report.runs import Run, settings_of
 
 FOOTNOTE = (
-    "samples/s: median over steps after warm-up (or over repeats); final loss/top-1: mean of the last 10 training "
+    "samples/s (tokens/s for a language model): median over steps after warm-up (or over repeats); final "
+    "loss/top-1: mean of the last 10 training "
     "steps "
     "(not the last step's value); held-out: the last evaluation on data the model did not train on."
 )
@@ -41,6 +42,11 @@ def throughput(group: List[Run]) -> Dict[str, float]:
 
 
 def time_to_loss(run: Run, target: float) -> Optional[float]:
+    """Seconds until the loss first reached ``target``: a language model's held-out loss (wall
+    time, training and evaluation, as time to accuracy counts it), else the training loss (step
+    times)."""
+    if run.summary.get("text") and run.evals:
+        return next((r["elapsed_s"] for r in run.evals if r["val_loss"] <= target), None)
     elapsed = 0.0
     for record in run.metrics:
         elapsed += record["batch_cost"]
@@ -100,12 +106,7 @@ def table_rows(
             group, groups[ref], i == ref, settings[i], "baseline" if ref == baseline else f"baseline ({settings[i]})"
         )
         if held_out:
-            row.update(
-                {
-                    "held-out loss": _held_out(group, "val_loss", ".4f"),
-                    "held-out top-1": _held_out(group, "val_top1", ".4f"),
-                }
-            )
+            row.update(_held_out_cells(group))
         if target_loss is not None:
             reached = [time_to_loss(r, target_loss) for r in group]
             row["time to loss"] = ", ".join("not reached" if r is None else f"{r:.1f} s" for r in reached)
@@ -113,6 +114,30 @@ def table_rows(
             row[f"time to top-1 {target_accuracy:g}"] = _time_to_accuracy_cell(group, target_accuracy)
         rows.append(row)
     return rows
+
+
+def _held_out_cells(group: List[Run]) -> Dict[str, str]:
+    """A language model's held-out loss, perplexity and bits per character (or byte); a
+    classifier's loss and top-1."""
+    text = group[0].summary.get("text")
+    if not text:
+        return {
+            "held-out loss": _held_out(group, "val_loss", ".4f"),
+            "held-out top-1": _held_out(group, "val_top1", ".4f"),
+        }
+    return {
+        "held-out loss": _held_out(group, "val_loss", ".4f"),
+        "perplexity": _held_out(group, "perplexity", ".2f"),
+        f"bits/{text['unit']}": _held_out(group, f"bits_per_{text['unit']}", ".3f"),
+    }
+
+
+def _rate_cells(summary: Dict[str, Any], t: Dict[str, Any]) -> Dict[str, str]:
+    """Throughput in samples/s, or in tokens/s for a language model (every position of a sample
+    is a prediction)."""
+    per = int((summary.get("text") or {}).get("block_size", 1))
+    unit = "tokens/s" if summary.get("text") else "samples/s"
+    return {unit: f"{t['median'] * per:.1f}", "spread": f"{t['low'] * per:.1f}-{t['high'] * per:.1f} ({t['over']})"}
 
 
 def _measured(
@@ -133,8 +158,7 @@ def _measured(
         "world": str(s["world_size"]),
         "global batch": str(s["global_batch_size"]),
         "settings": settings,
-        "samples/s": f"{t['median']:.1f}",
-        "spread": f"{t['low']:.1f}-{t['high']:.1f} ({t['over']})",
+        **_rate_cells(s, t),
         "vs baseline": reference_name if is_reference else f"x{ratio:.2f}" + (" (within noise)" if overlap else ""),
         "reader ratio": f"{100 * (s.get('profiler') or {}).get('reader_ratio', 0):.1f}%",
         "peak RSS MB": f"{max(memory):.0f}" if memory else "n/a",

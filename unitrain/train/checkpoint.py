@@ -293,7 +293,7 @@ def load_checkpoint(path: Path, backend, model_name: str, model, optimizer, prec
     if foreign:
         log.warning(
             "checkpoint %s was written by %s: its weights were converted to %s exactly; its optimizer state "
-            "(momentum), loss scaler and RNG states do not carry across frameworks and start fresh",
+            "(momentum, Adam's moments), loss scaler and RNG states do not carry across frameworks and start fresh",
             path,
             meta["framework"],
             backend.name,

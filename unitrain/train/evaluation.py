@@ -74,7 +74,9 @@ class Evaluator:
             for images, labels in self.loader:
                 with precision.autocast():
                     logits = model(precision.convert_input(images))
+                # A language model's [batch, time, vocab]: every position is one prediction.
                 logits = self.backend.to_numpy(logits).astype(np.float64)
+                logits = logits.reshape(-1, logits.shape[-1])
                 labels = self.backend.to_numpy(labels).reshape(-1).astype(np.int64)
                 sums += (
                     cross_entropy_sum(logits, labels),

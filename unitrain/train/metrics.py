@@ -18,8 +18,9 @@ log = logging.getLogger("unitrain")
 
 
 def topk_accuracy(logits: np.ndarray, labels: np.ndarray, ks: Sequence[int] = (1, 5)) -> Tuple[float, ...]:
-    """Fraction of samples whose label is among the k highest logits, for each k (capped at #classes)."""
-    labels = labels.reshape(-1)
+    """Fraction of samples whose label is among the k highest logits, for each k (capped at #classes).
+    A language model's [batch, time, vocab] logits count every position as a sample."""
+    logits, labels = logits.reshape(-1, logits.shape[-1]), labels.reshape(-1)
     order = np.argsort(-logits, axis=1)
     return tuple(float(np.mean(np.any(order[:, : min(k, logits.shape[1])] == labels[:, None], axis=1))) for k in ks)
 

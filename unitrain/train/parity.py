@@ -22,6 +22,7 @@ from typing import Any, Callable, Dict, Iterator, List, Tuple
 import numpy as np
 from omegaconf import OmegaConf
 
+from unitrain.config.schedule import lr_at
 from unitrain.config.schema import DATASET_NAMES, ParityConfig, TrainerConfig
 from unitrain.config.validation import check_groups, check_image_model, one_of
 from unitrain.data.datasets import build_dataset
@@ -34,15 +35,16 @@ from unitrain.interface.backend import Backend, get_backend
 from unitrain.interface.data import data_module
 from unitrain.interface.models import models_module
 from unitrain.interface.modules import available_backends
-from unitrain.interface.optim import optim_module
+from unitrain.interface.optim import OPTIMIZERS, optim_module
 from unitrain.interface.translate import translate_module
 from unitrain.model.build import build_model
-from unitrain.model.custom import CustomModel, check_factories, model_ref
+from unitrain.model.custom import CustomModel, ProbeSamples, check_factories, classes_of, model_ref
 from unitrain.model.pairing import convert_pair
 from unitrain.model.transfer import pair_tables
 from unitrain.model.translate import ConversionRefused
 from unitrain.model.weights import Arrays, to_canonical
 from unitrain.spec.models import CUSTOM, MODELS
+from unitrain.train.language import text_corpus
 
 _RUNNING_STATS = (".running_mean", ".running_var")
 #: Steps one parity run compares (the data grows with them).
@@ -205,6 +207,7 @@ def validate(cfg: ParityConfig) -> None:
             raise ConfigError(key, value, "a number in (0, 1] (the largest relative difference that passes)")
     check_groups(cfg)
     one_of("data.name", cfg.data.name, DATASET_NAMES)
+    one_of("optim.name", cfg.optim.name, OPTIMIZERS)
     _only_what_parity_reads(cfg)
     spec = MODELS.get(cfg.model.name) if cfg.model.name in MODELS else None
     features = spec.feature_dim if spec is not None else None
@@ -261,12 +264,18 @@ def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
     validate(cfg)
     threads = resolve_threads(cfg.trainer.threads)
     export_threads(threads)
-    dataset = build_dataset(cfg.data, default_size=cfg.steps * cfg.trainer.batch_size, seed=cfg.trainer.seed)
+    if cfg.data.name == "text":  # the corpus's training windows; its tokenizer kept in the run directory
+        dataset = text_corpus(cfg, out_dir).train
+    else:
+        dataset = build_dataset(cfg.data, default_size=cfg.steps * cfg.trainer.batch_size, seed=cfg.trainer.seed)
     (a, determinism_a), (b, determinism_b) = (_side(name, cfg, dataset, threads) for name in available_backends())
     if isinstance(model_ref(cfg), CustomModel):
         _pair(a, b, model_ref(cfg).explicit_mapping())
     records = []
     for step in range(cfg.steps):
+        # The job's warm-up and schedule over the compared steps, as the Trainer sets them.
+        for side in (a, b):
+            optim_module(side.name).set_lr(side.optimizer, lr_at(step, cfg.steps, cfg.optim))
         (loss_a, state_a), (loss_b, state_b) = (side.step(step == 0, cfg.optim.label_smoothing) for side in (a, b))
         abs_diff = abs(loss_a - loss_b)
         records.append(
@@ -290,6 +299,7 @@ def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
         "steps": cfg.steps,
         "batch_size": cfg.trainer.batch_size,
         "lr": cfg.optim.lr,
+        "optimizer": str(cfg.optim.name),
         "threads": threads,
         # The kernels an instruction set selects sum in other orders: the differences below move
         # with the CPU (docs/parity.md).
@@ -320,20 +330,31 @@ def _evaluate(side: _Side) -> float:
     return float(side.backend.to_numpy(loss))
 
 
-def check_converted(cfg: Any, backend: str) -> Dict[str, Any]:
+def check_converted(cfg: Any, backend: str, num_classes: int | None = None) -> Dict[str, Any]:
     """``model.<backend>=convert``: the converted half and the half it came from, given the
     same weights, compute the same outputs on one batch in evaluation mode, layer by layer; otherwise the job stops
-    in one line naming the first layer that differs. Returns the comparison."""
+    in one line naming the first layer that differs. Returns the comparison. The batch is images,
+    or with data=text int64 token ids [2, data.block_size] in [0, ``num_classes``) (the vocabulary)."""
+    text = cfg.data.get("name") == "text"
+    if text:
+        classes = num_classes or classes_of(cfg.data)
+        data = {"name": "text", "block_size": cfg.data.block_size, "num_classes": classes}
+    else:
+        classes = num_classes or cfg.data.num_classes or 10
+        data = {"name": "synthetic", "image_size": cfg.data.image_size, "num_classes": classes}
     check = OmegaConf.merge(
         OmegaConf.structured(ParityConfig),
         {
             "model": OmegaConf.to_container(cfg.model, resolve=True),
-            "data": {"name": "synthetic", "image_size": cfg.data.image_size, "num_classes": cfg.data.num_classes or 10},
-            "trainer": {"batch_size": 4, "seed": cfg.trainer.seed},
+            "data": data,
+            "trainer": {"batch_size": 2 if text else 4, "seed": cfg.trainer.seed},
             "steps": 1,
         },
     )
-    dataset = build_dataset(check.data, default_size=4, seed=check.trainer.seed)
+    if text:
+        dataset = ProbeSamples(model_ref(check), check.data.num_classes, count=2, seed=check.trainer.seed)
+    else:
+        dataset = build_dataset(check.data, default_size=4, seed=check.trainer.seed)
     threads = resolve_threads(cfg.trainer.threads)
     converted, _ = _side(backend, check, dataset, threads)
     source_name = translate_module(backend).SOURCE

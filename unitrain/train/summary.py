@@ -100,10 +100,23 @@ def skipped(dataset: Any, evaluator: Optional[Evaluator]) -> Optional[Dict[str, 
     return {"count": len(files), "files": files[:20]} if files else None
 
 
+#: A language model's held-out measures (unitrain.train.language).
+TEXT_MEASURES = ("perplexity", "bits_per_character", "bits_per_byte")
+
+
 def held_out(evaluations: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
     """The last held-out result, and the evaluation time apart from training time (a resumed
     run's include the evaluations of the run it continues)."""
     if not evaluations:
         return None
     last = {k: evaluations[-1][k] for k in ("step", "val_loss", "val_top1", "val_top5", "val_samples")}
-    return {**last, "evaluations": len(evaluations), "eval_s_total": sum(e.get("eval_s", 0.0) for e in evaluations)}
+    # A language model's: its held-out loss under the name people look for, and what it means.
+    text = {k: v for k, v in evaluations[-1].items() if k in TEXT_MEASURES}
+    if text:
+        text["loss"] = last["val_loss"]
+    return {
+        **last,
+        **text,
+        "evaluations": len(evaluations),
+        "eval_s_total": sum(e.get("eval_s", 0.0) for e in evaluations),
+    }

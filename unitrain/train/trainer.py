@@ -27,6 +27,7 @@ from unitrain.config.schema import UnitrainConfig
 from unitrain.data.augment import AugmentedDataset, EpochKeyedBatches
 from unitrain.data.datasets import SampleSet, build_dataset, build_heldout_dataset, guard
 from unitrain.data.sampler import DistributedBatchSampler
+from unitrain.data.text import TextCorpus
 from unitrain.errors import ConfigError, NothingLeftToRun, Refusal, UnitrainError
 from unitrain.host import machine, malloc
 from unitrain.host.atomic import replace_text
@@ -42,6 +43,7 @@ from unitrain.interface.speed_settings import SpeedSettings, make_speed_settings
 from unitrain.model.build import build_model
 from unitrain.model.custom import model_ref
 from unitrain.model.transfer import model_record
+from unitrain.train import language
 from unitrain.train import summary as summaries
 from unitrain.train.checkpoint import (
     checkpoint_home,
@@ -170,6 +172,8 @@ class Trainer:
         # quantization-aware training gives the loop a model with fake quantization inserted.
         self.prepare_model = prepare_model
         self.malloc: Optional[Dict[str, Any]] = None  # what fit() set (unitrain.host.malloc)
+        self.text: Optional[TextCorpus] = None  # data=text: the corpus, set up by setup()
+        self._resume_from: Optional[Path] = None
 
     def fit(self) -> Dict[str, Any]:
         self.malloc = malloc.apply(self.cfg.trainer.malloc)
@@ -240,7 +244,10 @@ class Trainer:
     def _evaluator(self, dist: DistributedContext) -> Optional[Evaluator]:
         """Held-out evaluation, where the data has a held-out set."""
         cfg = self.cfg
-        held_out = build_heldout_dataset(cfg.data, seed=cfg.trainer.seed)
+        if self.text is not None:
+            held_out = language.held_out_windows(self.text, cfg.data.val_samples)
+        else:
+            held_out = build_heldout_dataset(cfg.data, seed=cfg.trainer.seed)
         if held_out is None:
             return None
         return Evaluator(self.backend, held_out, dist, cfg.trainer.eval_batch_size, cfg.data.num_workers)
@@ -249,7 +256,12 @@ class Trainer:
         """The training set, this rank's sampler, and the optimizer steps of an epoch."""
         cfg = self.cfg
         steps = cfg.trainer.steps
-        dataset = build_dataset(cfg.data, default_size=(steps or 1) * plan.global_batch, seed=cfg.trainer.seed)
+        if cfg.data.name == "text":
+            resumed = self._resume_checkpoint()
+            self.text = language.text_corpus(cfg, self.run_dir, checkpoint_run_dir(resumed) if resumed else None)
+            dataset: SampleSet = self.text.train
+        else:
+            dataset = build_dataset(cfg.data, default_size=(steps or 1) * plan.global_batch, seed=cfg.trainer.seed)
         sampler = DistributedBatchSampler(
             len(dataset),
             plan.micro_batch,
@@ -294,6 +306,7 @@ class Trainer:
             zero_init_residual=cfg.model.zero_init_residual,
             init=cfg.model.init,
             seed=cfg.trainer.seed,
+            dropout=cfg.model.dropout,
         )
         self.model_record = model_record(backend, model, ref, num_classes)
         if self.prepare_model is not None:
@@ -304,17 +317,25 @@ class Trainer:
         model, optimizer = precision.decorate(model, optimizer)
         return model, optimizer, speed
 
+    def _resume_checkpoint(self) -> Optional[Path]:
+        """``trainer.resume``'s checkpoint, found once (the corpus's tokenizer is read from its run)."""
+        spec = self.cfg.trainer.resume
+        if not spec:
+            return None
+        if self._resume_from is None:
+            roots = [Path.cwd() / "runs", Path.cwd() / "multirun"]
+            fits = {"framework": self.backend.name, "model": self.cfg.model.name}
+            self._resume_from = find_checkpoint(spec, roots, exclude=self.run_dir, fits=fits)
+        return self._resume_from
+
     def _resume(self, model: Native, optimizer: Native, precision: MixedPrecision) -> Tuple[int, List[Record]]:
         """Restore ``trainer.resume``'s state into the unwrapped model: the step to continue
         after, and the metrics history up to it (from the run that wrote the checkpoint, its
         records marked with the framework that ran them where that is not this one), so that a
         resumed run's metrics.jsonl holds every step once."""
-        spec = self.cfg.trainer.resume
-        if not spec:
+        path = self._resume_checkpoint()
+        if path is None:
             return 0, []
-        roots = [Path.cwd() / "runs", Path.cwd() / "multirun"]
-        fits = {"framework": self.backend.name, "model": self.cfg.model.name}
-        path = find_checkpoint(spec, roots, exclude=self.run_dir, fits=fits)
         meta = load_checkpoint(path, self.backend, self.cfg.model.name, model, optimizer, precision)
         step = int(meta["step"])
         log.info("resumed from %s: continuing after step %d", path, step)
@@ -352,10 +373,13 @@ class Trainer:
         return sums / accumulate, stepped is not False, lr
 
     def evaluate(self, job: Job) -> Dict[str, float]:
-        """The held-out metrics of the current weights; the model is back in training mode after."""
+        """The held-out metrics of the current weights (a language model's perplexity and bits
+        per character or byte too); the model is back in training mode after."""
         assert job.evaluator is not None
         result = job.evaluator(job.raw_model, job.precision)
         self.train_mode(job)
+        if self.text is not None:
+            result.update(language.measures(job.evaluator.dataset, result["val_loss"]))
         return result
 
     # --- the loop ---------------------------------------------------------------------------
@@ -504,6 +528,29 @@ class Trainer:
         result = self.evaluate(job)
         loop.evaluations.append({"epoch": epoch, "step": loop.step, **result, "elapsed_s": loop.elapsed()})
         loop.metrics.append_eval(loop.evaluations[-1])
+        if self.text is not None:
+            self._log_text_evaluation(job, loop, result)
+        else:
+            self._log_evaluation(job, loop, result)
+        loop.profiler.restart_clock()
+
+    @staticmethod
+    def _log_text_evaluation(job: Job, loop: _Loop, result: Dict[str, float]) -> None:
+        unit = next(k for k in result if k.startswith("bits_per_"))
+        log.info(
+            "step %d/%d  held-out: loss %.4f perplexity %.2f %s %.3f (%d tokens, %.2f s)",
+            loop.step,
+            job.total_steps,
+            result["val_loss"],
+            result["perplexity"],
+            unit.replace("_", " "),
+            result[unit],
+            result["val_samples"],
+            result["eval_s"],
+        )
+
+    @staticmethod
+    def _log_evaluation(job: Job, loop: _Loop, result: Dict[str, float]) -> None:
         log.info(
             "step %d/%d  held-out: loss %.4f top1 %.4f top5 %.4f (%d samples, %.2f s)",
             loop.step,
@@ -514,7 +561,6 @@ class Trainer:
             result["val_samples"],
             result["eval_s"],
         )
-        loop.profiler.restart_clock()
 
     @staticmethod
     def _log_pending(dist: DistributedContext, loop: _Loop) -> None:
@@ -604,4 +650,13 @@ class Trainer:
             },
             "profiler": perf,
             "wall_time_s": wall,
+            **self._text_summary(perf),
         }
+
+    def _text_summary(self, perf: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+        """A language model's corpus, tokenizer and tokens/s (every position of a sample is a
+        prediction: samples/s x block_size)."""
+        if self.text is None:
+            return {}
+        block = self.text.train.block_size
+        return {"text": self.text.summary(), "tokens_per_s": perf["ips"]["median"] * block if perf else None}
