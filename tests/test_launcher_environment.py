@@ -22,8 +22,8 @@ import pytest
 
 from conftest import FAST, PLANTED, PLANTED_VALUE, alive, descendants, holding_the_environment
 
-# Each starts two-worker jobs and watches their processes: alone (make test-slow's serial part).
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+# Each starts two-worker jobs and watches its own processes, in a temporary directory of its own.
+pytestmark = pytest.mark.slow
 
 JOB = ["backend=paddle", *FAST, "trainer.threads=1", "dist.nproc_per_node=2"]
 LAUNCH_DIR = "unitrain-paddle-launch-"
