@@ -4,6 +4,8 @@ Writes deployable models from a checkpoint, in either framework's native format 
 ``.pt2``; Paddle inference program ``.json`` + ``.pdiparams``) and as ONNX (torch.onnx.export;
 paddle2onnx), whichever framework trained it. Each artifact is loaded back with its own runtime
 and compared with the checkpoint before it is kept; the work is :mod:`unitrain.deploy.export`'s.
+A language model (data=text) takes int64 token ids with a dynamic batch and time axis (up to its
+context), and its run's tokenizer goes with it.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Runs every exported model in each runtime that reads it and times it side by sid
 Inference (with and without its IR and oneDNN optimizations) and ``paddle.jit.load`` on Paddle
 programs, torch eager and ``torch.compile`` on ExportedPrograms, ONNX Runtime on either
 framework's ONNX. Each artifact runs in a process of its own; held-out accuracy is measured in
-the same run for every row. Writes ``inference.json``, ``inference.md`` and ``inference.png``;
+the same run for every row (a language model's: next-token top-1 and loss per token, its
+throughput in tokens/s too). Writes ``inference.json``, ``inference.md`` and ``inference.png``;
 the work is :mod:`unitrain.deploy.infer`'s.
 """
 

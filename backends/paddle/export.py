@@ -1,4 +1,5 @@
-"""Export in paddle: ``paddle.jit.save`` inference programs and ONNX through paddle2onnx."""
+"""Export in paddle: ``paddle.jit.save`` inference programs and ONNX through paddle2onnx. A
+language model's token ids keep their time axis dynamic when the example carries ``max_length``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Callable, List, Optional
 
@@ -23,17 +25,32 @@ CHECKED_WITH = {"native": "paddle.inference predictor", "onnx": "onnxruntime"}
 _NATIVE_SUFFIXES = (".json", ".pdiparams")
 
 
+def input_shape(example: np.ndarray, batch: Optional[int]) -> List[Optional[int]]:
+    """The program's input shape: None for a dynamic axis. The batch unless ``batch`` fixes it;
+    a language model's time axis too when the example says how long it may grow (``max_length``,
+    unitrain.deploy.artifacts.TokenIds: the program then takes 1 to that many tokens)."""
+    shape: List[Optional[int]] = [batch, *example.shape[1:]]
+    if getattr(example, "max_length", None):
+        shape[1] = None
+    return shape
+
+
 def _spec(example: np.ndarray, batch: Optional[int]):
     # A None batch dimension gives a program that accepts any batch size; the dtype is the
     # example's (float32 images, int64 token ids).
-    return [paddle.static.InputSpec([batch, *example.shape[1:]], example.dtype.name, "images")]
+    return [paddle.static.InputSpec(input_shape(example, batch), example.dtype.name, "images")]
 
 
 def save_native(model: paddle.nn.Layer, stem: Path, example: np.ndarray, batch: Optional[int]) -> List[Path]:
     """``<stem>.json`` and ``<stem>.pdiparams``: loadable by ``paddle.inference.create_predictor``
     and by ``paddle.jit.load``."""
     model.eval()
-    paddle.jit.save(model, str(stem), input_spec=_spec(example, batch))
+    with warnings.catch_warnings():
+        # PIR's tracer on what a traced program has no use for: full_like's place (a language
+        # model's causal mask), converted code's .contiguous() ("Tensor do not have 'place'
+        # interface for pir graph mode"); unitrain prints one line per artifact instead.
+        warnings.filterwarnings("ignore", message="Tensor do not have '.*' interface", category=UserWarning)
+        paddle.jit.save(model, str(stem), input_spec=_spec(example, batch))
     files = [stem.with_name(stem.name + s) for s in _NATIVE_SUFFIXES]
     missing = [str(f) for f in files if not f.is_file()]
     if missing:

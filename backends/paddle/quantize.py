@@ -15,7 +15,10 @@ otherwise PIR process:
 - dynamic: ``paddle.quantization.PTQ`` with weight observers only (no data). Its ``convert``
   stores the int8-rounded weights as float32 behind dequantize ops: no smaller, fp32 compute.
   (``WeightQuantization.quantize_weight_to_int``, which stores int8, gave all-zero logits in
-  Paddle Inference here, with and without oneDNN, so it is not used.)
+  Paddle Inference here, with and without oneDNN, so it is not used.) Paddle has no run-time
+  activation quantization for a CPU (PostTrainingQuantization's dynamic ops are LSTM only;
+  ``paddle.nn.quant.weight_only_linear`` has no CPU kernel in 3.3.1): a language model's ``nn.Linear``
+  layers get the same weight observers, its tied head (a matmul of the embedding) none.
 - qat: ``ImperativeQuantAware`` (per-channel weights, moving-average activations, QDQ output)
   on the dygraph model, fine-tuned by unitrain's own training loop, saved with
   ``save_quantized_model``.
@@ -33,6 +36,7 @@ import numpy as np
 import paddle
 from paddle.pir_utils import OldIrGuard
 
+from unitrain.backends.paddle.export import input_shape
 from unitrain.interface.quantize import Saved
 
 __all__ = ["QUANTIZER", "check", "prepare_qat", "save_qat", "save_quantized"]
@@ -55,8 +59,9 @@ def check(method: str, per_channel: bool) -> None:
 
 
 def _spec(example: np.ndarray):
-    # Any batch size; the example's dtype (float32 images, int64 token ids).
-    return [paddle.static.InputSpec([None, *example.shape[1:]], example.dtype.name, "images")]
+    # Any batch size (a language model's: any length up to its context too, as its fp32 export);
+    # the example's dtype (float32 images, int64 token ids).
+    return [paddle.static.InputSpec(input_shape(example, None), example.dtype.name, "images")]
 
 
 def _files(prefix: Path) -> List[Path]:
@@ -106,6 +111,10 @@ def _legacy_versions() -> Dict[Tuple[object, str], Callable]:
             "softplus", {"X": x}, {"beta": float(beta), "threshold": float(threshold)}, x
         ),
         (paddle, "matmul"): _matmul,
+        # A language model's causal mask (backends/paddle/models.py).
+        (paddle, "triu"): lambda x, diagonal=0, name=None: _append(
+            "tril_triu", {"X": x}, {"diagonal": int(diagonal), "lower": False}, x
+        ),
         (paddle, "maximum"): lambda x, y, name=None: _append("elementwise_max", {"X": x, "Y": y}, {"axis": -1}, x),
         (paddle.compat.nn.Linear, "forward"): _compat_linear,
     }
@@ -208,7 +217,7 @@ def save_quantized(
     ptq = PTQ(QuantConfig(activation=None, weight=AbsmaxObserver(quant_bits=8)))
     observed = ptq.quantize(model, inplace=False)
     with paddle.no_grad():
-        observed(paddle.to_tensor(batches[0]))  # weight observers read the weights on the first call
+        observed(paddle.to_tensor(np.asarray(batches[0])))  # weight observers read the weights on the first call
     return [(_legacy_save(ptq.convert(observed, inplace=True), stem, batches[0]), None)]
 
 

@@ -1,5 +1,6 @@
 """Export in torch: ``torch.export`` ExportedPrograms (.pt2) and ONNX through ``torch.onnx.export``
-(read back by the runtimes in ``infer.py``)."""
+(read back by the runtimes in ``infer.py``). A language model's token ids keep their time axis
+dynamic (1 to its context length) when the example carries ``max_length``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import io
 import logging
 import warnings
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -23,11 +24,22 @@ WRITERS = {"native": "torch.export", "onnx": "torch.onnx.export"}
 CHECKED_WITH = {"native": "torch.export.load", "onnx": "onnxruntime"}
 
 
+def dynamic_axes(example: np.ndarray, batch: Optional[int]) -> Dict[int, Any]:
+    """The example's dynamic axes: the batch unless ``batch`` fixes it, and a language model's
+    time axis when the example says how long it may grow (``max_length``: token ids whose
+    example holds the full context; unitrain.deploy.artifacts.TokenIds)."""
+    axes: Dict[int, Any] = {} if batch is not None else {0: torch.export.Dim("batch", min=1, max=65536)}
+    max_length = getattr(example, "max_length", None)
+    if max_length:
+        axes[1] = torch.export.Dim("time", min=1, max=int(max_length))
+    return axes
+
+
 def _example_and_shapes(example: np.ndarray, batch: Optional[int]):
     x = torch.from_numpy(np.ascontiguousarray(example))
-    # batch None: one dynamic dimension; an int: the program is specialised to that batch.
-    shapes = ({0: torch.export.Dim("batch", min=1, max=65536)},) if batch is None else None
-    return x, shapes
+    # batch None: a dynamic batch dimension; an int: the program is specialised to that batch.
+    axes = dynamic_axes(example, batch)
+    return x, ((axes,) if axes else None)
 
 
 def save_native(model: torch.nn.Module, stem: Path, example: np.ndarray, batch: Optional[int]) -> List[Path]:

@@ -10,7 +10,12 @@ ExportedProgram (.pt2) whose conv and linear weights are stored as int8.
 - dynamic: torchao's int8 dynamic configs cover ``nn.Linear`` only, which in a ResNet is the
   classifier alone. unitrain's dynamic method stores every conv and linear weight as int8 (per
   output channel, symmetric) and dequantizes it for fp32 compute, Paddle's definition of
-  dynamic post-training quantization: a smaller file, no data, no int8 kernels.
+  dynamic post-training quantization: a smaller file, no data, no int8 kernels. A language
+  model's Linears (and its tied head, an ``aten.linear`` on the token embedding) are stored so
+  too; the embeddings stay float32.
+
+Every program takes any batch; a language model's (its example carries ``max_length``) also any
+length from 1 to its context, as its fp32 export does.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
+from unitrain.backends.torch.export import dynamic_axes
 from unitrain.errors import ConfigError, UnitrainError
 from unitrain.interface.quantize import Saved
 
@@ -78,7 +84,11 @@ QUANTIZER = {
     "static": "torchao PT2E, X86InductorQuantizer, per-channel weights, per-tensor activations",
     "qat": "torchao PT2E QAT, X86InductorQuantizer(is_qat=True), per-channel weights",
 }
-BATCH = ({0: torch.export.Dim("batch", min=1, max=65536)},)
+
+
+def _shapes(example: np.ndarray):
+    """The exported program's dynamic axes: any batch, and a language model's time axis."""
+    return (dynamic_axes(example, None),)
 
 
 def check(method: str, per_channel: bool) -> None:
@@ -119,10 +129,10 @@ def _tensor(batch: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(batch))
 
 
-def _save(converted: torch.fx.GraphModule, example: torch.Tensor, stem: Path) -> Saved:
+def _save(converted: torch.fx.GraphModule, example: np.ndarray, stem: Path) -> Saved:
     _drop_unused(converted)
     path = stem.with_name(stem.name + ".pt2")
-    torch.export.save(torch.export.export(converted, (example,), dynamic_shapes=BATCH), path)
+    torch.export.save(torch.export.export(converted, (_tensor(example),), dynamic_shapes=_shapes(example)), path)
     return [([path], None)]
 
 
@@ -144,7 +154,7 @@ def prepare_qat(model: torch.nn.Module, example: np.ndarray, reduce_range: bool)
     from torchao.quantization.pt2e import allow_exported_model_train_eval
 
     _nonzero_batchnorm_scales(model)
-    graph = torch.export.export(model.train(), (_tensor(example),), dynamic_shapes=BATCH).module()
+    graph = torch.export.export(model.train(), (_tensor(example),), dynamic_shapes=_shapes(example)).module()
     return allow_exported_model_train_eval(quantize_pt2e.prepare_qat_pt2e(graph, _quantizer("qat", reduce_range, True)))
 
 
@@ -152,7 +162,7 @@ def save_qat(prepared: torch.nn.Module, stem: Path, example: np.ndarray, batches
     """``<stem>.pt2`` (any batch): the fine-tuned model converted to int8 weights and quantize ops, as static."""
     quantize_pt2e = _torchao()
     prepared.eval()
-    return _save(quantize_pt2e.convert_pt2e(prepared), _tensor(example), stem)
+    return _save(quantize_pt2e.convert_pt2e(prepared), example, stem)
 
 
 def save_quantized(
@@ -166,10 +176,11 @@ def save_quantized(
 ) -> Saved:
     """``<stem>.pt2`` for any batch size; ``calibration`` is only read by the static method."""
     quantize_pt2e = _torchao()
-    batches = [_tensor(b) for b in calibration]
-    graph = torch.export.export(model.eval(), (batches[0],), dynamic_shapes=BATCH).module()
+    arrays = list(calibration)
+    batches = [_tensor(b) for b in arrays]
+    graph = torch.export.export(model.eval(), (batches[0],), dynamic_shapes=_shapes(arrays[0])).module()
     prepared = quantize_pt2e.prepare_pt2e(graph, _quantizer(method, reduce_range, per_channel))
     with torch.no_grad():
         for batch in batches if method == "static" else batches[:1]:
             prepared(batch)
-    return _save(quantize_pt2e.convert_pt2e(prepared), batches[0], stem)
+    return _save(quantize_pt2e.convert_pt2e(prepared), arrays[0], stem)

@@ -7,6 +7,11 @@ artifacts. Each artifact is checked as soon as it is written: loaded back with i
 alone (torch.export.load, Paddle Inference, ONNX Runtime) and its logits on held-out images
 compared with the checkpoint's model in inference mode. Only an artifact that passes is moved
 into the export directory and listed in ``export.json``.
+
+A language model (data=text) takes int64 token ids ``[batch, time]``: it is exported from an
+example of its full context (block_size tokens) with the batch and the time axis dynamic (1 to
+block_size tokens), and checked on held-out token windows at the full length and at half of it
+(at batch 1 and N each), every position's logits against the checkpoint's model's.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from unitrain.data.text import tokenizer_path
 from unitrain.deploy import artifacts, ps_export
 from unitrain.deploy.runtimes import runtimes_for
 from unitrain.errors import UnitrainError, framework_cause
@@ -34,7 +40,7 @@ from unitrain.model.transfer import checkpoint_model, weights_for
 from unitrain.model.weights import Arrays
 from unitrain.train.checkpoint import checkpoint_run_dir, find_checkpoint, read_meta, read_model_arrays
 
-#: Held-out images the check runs on (dynamic-batch artifacts also at batch 1).
+#: Held-out images (or token windows) the check runs on (dynamic-batch artifacts also at batch 1).
 CHECK_SAMPLES = 8
 #: Largest allowed |logit difference|, relative to the largest |logit| (at least 1): fp32
 #: rounding only, with room for other CPUs' kernels (docs/export-and-inference.md).
@@ -54,17 +60,30 @@ class Source:
     classes: int
     arrays: Arrays
     meta: Dict[str, Any]
-    _logits: Dict[int, np.ndarray] = field(default_factory=dict)
+    #: A language model's context length: its time axis is dynamic up to it (None: images).
+    max_length: Optional[int] = None
+    _logits: Dict[tuple, np.ndarray] = field(default_factory=dict)
+    _model: Any = None
 
     def reference(self, images: np.ndarray) -> np.ndarray:
         """Logits of the checkpoint's own model, in its own framework, in inference mode."""
-        if len(images) not in self._logits:
-            backend = get_backend(self.framework)
-            model = build_model(backend, self.model, self.classes)
-            backend.load_state_arrays(model, self.arrays)
+        if images.shape not in self._logits:
+            if self._model is None:
+                backend = get_backend(self.framework)
+                self._model = build_model(backend, self.model, self.classes)
+                backend.load_state_arrays(self._model, self.arrays)
             predict = evaluation_module(self.framework).predict
-            self._logits[len(images)] = np.asarray(predict(model, images), dtype=np.float32)
-        return self._logits[len(images)]
+            self._logits[images.shape] = np.asarray(predict(self._model, images), dtype=np.float32)
+        return self._logits[images.shape]
+
+    def example(self, inputs: np.ndarray) -> np.ndarray:
+        """What the exporter traces: the inputs as they are (images), or token ids whose time
+        axis it keeps dynamic up to the context length."""
+        return inputs if self.max_length is None else artifacts.token_ids(inputs, self.max_length)
+
+    def check_lengths(self) -> List[Optional[int]]:
+        """The time lengths an artifact is checked at: the full context and half of it (None: images)."""
+        return [None] if self.max_length is None else sorted({self.max_length, max(1, self.max_length // 2)})[::-1]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,21 +105,28 @@ class Target:
         return model
 
 
-def run_artifact(framework: str, fmt: str, path: Path, images: np.ndarray) -> np.ndarray:
-    """The artifact's logits, computed by its deployment runtime alone (no unitrain model code):
-    the first runtime ``unitrain.infer`` lists for it (torch.export.load, the Paddle Inference
-    predictor, ONNX Runtime), so the check and the benchmark load an artifact the same way."""
+def run_artifact(framework: str, fmt: str, path: Path, inputs: List[np.ndarray]) -> List[np.ndarray]:
+    """The artifact's logits for each of ``inputs``, computed by its deployment runtime alone (no
+    unitrain model code), loaded once: the first runtime ``unitrain.infer`` lists for it
+    (torch.export.load, the Paddle Inference predictor, ONNX Runtime), so the check and the
+    benchmark load an artifact the same way."""
     artifact = artifacts.Artifact(path.parent, path.name, framework, fmt, (path.name,), None)
     runtime = runtimes_for(artifact, threads=len(os.sched_getaffinity(0)))[0]
     runtime.load()
-    return np.asarray(runtime.run(runtime.prepare(images)))
+    return [np.asarray(runtime.run(runtime.prepare(x))) for x in inputs]
 
 
 def compare_logits(ref: np.ndarray, got: np.ndarray) -> Dict[str, float]:
+    """Largest |difference| and the share of arg maxes that agree: per image, or per position of
+    a language model's ``[batch, time, vocab]``."""
+    if ref.shape != got.shape:
+        raise ExportCheckError(
+            f"the artifact gives logits of shape {list(got.shape)}, the checkpoint {list(ref.shape)}"
+        )
     return {
         "max_abs_diff": float(np.abs(ref - got).max()),
         "max_abs_logit": float(np.abs(ref).max()),
-        "top1_agreement": float((ref.argmax(1) == got.argmax(1)).mean()),
+        "top1_agreement": float((ref.argmax(-1) == got.argmax(-1)).mean()),
     }
 
 
@@ -111,13 +137,19 @@ def tile(images: np.ndarray, size: int) -> np.ndarray:
 
 def _check(
     source: Source, target: Target, fmt: str, batch: Optional[int], images: np.ndarray, file: Path
-) -> Dict[int, Dict[str, float]]:
-    """The artifact's logits against the checkpoint's, at its batch size (any batch: 1 and N)."""
-    checks = {}
-    for size in [1, len(images)] if batch is None else [batch]:
-        x = tile(images, size)
-        checks[size] = compare_logits(source.reference(x), run_artifact(target.framework, fmt, file, x))
-    return checks
+) -> Dict[str, Dict[str, float]]:
+    """The artifact's logits against the checkpoint's, at its batch size (any batch: 1 and N) and,
+    for a language model, at the full context and half of it; keyed ``"<batch>"`` or
+    ``"<batch>x<length>"``."""
+    shapes = [
+        (size, length) for size in ([1, len(images)] if batch is None else [batch]) for length in source.check_lengths()
+    ]
+    inputs = [tile(images, size)[:, :length] if length else tile(images, size) for size, length in shapes]
+    got = run_artifact(target.framework, fmt, file, inputs)
+    return {
+        str(size) + (f"x{length}" if length else ""): compare_logits(source.reference(x), y)
+        for (size, length), x, y in zip(shapes, inputs, got)
+    }
 
 
 def export_one(
@@ -133,7 +165,7 @@ def export_one(
         started = time.perf_counter()
         step = f"writing the {target.framework} {fmt} artifact"
         try:
-            files = write(target.model(source), tmp / stem, tile(images, batch or len(images)), batch)
+            files = write(target.model(source), tmp / stem, source.example(tile(images, batch or len(images))), batch)
             export_s = time.perf_counter() - started
             step = f"running the {target.framework} {fmt} artifact to check it"
             checks = _check(source, target, fmt, batch, images, files[0])
@@ -154,7 +186,8 @@ def export_one(
             "files": [f.name for f in files],
             "bytes": sum(f.stat().st_size for f in files),
             "checked_with": target.exporters.CHECKED_WITH[fmt],
-            "checked_batches": sorted(checks),
+            "checked_batches": sorted({int(k.split("x")[0]) for k in checks}),
+            **({"checked_lengths": source.check_lengths()} if source.max_length else {}),
             "max_abs_diff": max(c["max_abs_diff"] for c in checks.values()),
             "relative_diff": worst,
             "top1_agreement": agreement,
@@ -217,17 +250,34 @@ def _source(path: Path, meta: Dict[str, Any], cfg: Any, data: Any) -> Source:
     return Source(
         framework=meta["framework"],
         model=checkpoint_model(meta),
-        classes=artifacts.num_classes(cfg, data),
+        classes=_classes(meta, cfg, data),
         arrays=read_model_arrays(path),
         meta=meta,
+        max_length=artifacts.text_block_size(cfg) if artifacts.is_text(cfg) else None,
     )
 
 
-def _manifest(out_dir: Path, origin: Dict[str, Any], meta: Dict[str, Any], data_description: str) -> Dict[str, Any]:
+def _classes(meta: Dict[str, Any], cfg: Any, data: Any) -> int:
+    """The model's outputs: a language model's vocabulary as its checkpoint records it (the check
+    data may be random ids), else as the trainer decided it."""
+    if artifacts.is_text(cfg) and meta.get("num_classes"):
+        return int(meta["num_classes"])
+    return artifacts.num_classes(cfg, data)
+
+
+def _manifest(
+    out_dir: Path, origin: Dict[str, Any], meta: Dict[str, Any], data_description: str, inputs: Dict[str, Any]
+) -> Dict[str, Any]:
     """The directory's manifest so far: exports into it add to what it already lists."""
     if (out_dir / artifacts.MANIFEST).exists():
         return artifacts.read_manifest(out_dir)
-    return {"source": origin, "config": meta["config"], "check_data": data_description, "artifacts": {}}
+    return {
+        "source": origin,
+        "config": meta["config"],
+        "check_data": data_description,
+        "input": inputs,
+        "artifacts": {},
+    }
 
 
 def _record(out_dir: Path, manifest: Dict[str, Any], entry: Dict[str, Any], target: Target, fmt: str) -> None:
@@ -242,10 +292,12 @@ def _announce(
     meta: Dict[str, Any], out_dir: Path, entry: Dict[str, Any], batch: Optional[int], data_description: str
 ) -> None:
     where = data_description.split(" (")[0]
+    lengths = entry.get("checked_lengths")
+    at = f" at {' and '.join(map(str, lengths))} tokens" if lengths else ""
     print(
         f"{meta['framework']} {meta['model']} step {meta['step']} -> {out_dir / entry['files'][0]} "
         f"({entry['writer']}, {'any batch' if batch is None else f'batch {batch}'}): checked with "
-        f"{entry['checked_with']} on {where}: max |logit diff| {entry['max_abs_diff']:.2g}, "
+        f"{entry['checked_with']} on {where}{at}: max |logit diff| {entry['max_abs_diff']:.2g}, "
         f"top-1 agreement {entry['top1_agreement']:.0%}",
         flush=True,
     )
@@ -264,7 +316,10 @@ def export(
     if meta.get("kind") == ps_export.KIND:
         return _export_ps(path, meta, formats, targets, batches, out, tolerance)
     cfg = artifacts.job_config(meta["config"])
-    data, data_description = artifacts.held_out(cfg, CHECK_SAMPLES)
+    text = artifacts.is_text(cfg)
+    # A language model's held-out windows are re-read with the tokenizer of the run that trained it.
+    tokenizer = tokenizer_path(checkpoint_run_dir(path)) if text else None
+    data, data_description = artifacts.held_out(cfg, CHECK_SAMPLES, tokenizer, meta.get("num_classes"))
     images, _ = artifacts.stack(data, range(CHECK_SAMPLES))
     source = _source(path, meta, cfg, data)
     origin = {
@@ -274,7 +329,10 @@ def export(
         "step": meta["step"],
     }
     out_dir = _export_dir(out, path, origin)
-    manifest = _manifest(out_dir, origin, meta, data_description)
+    # The tokenizer goes with the model: a deployment needs it, and unitrain.infer reads it.
+    copied = artifacts.copy_tokenizer(checkpoint_run_dir(path), out_dir) if text else None
+    inputs = artifacts.input_entry(cfg, images, source.classes, copied)
+    manifest = _manifest(out_dir, origin, meta, data_description, inputs)
     for framework in targets or [meta["framework"]]:
         target = Target.of(framework)
         for fmt in formats:

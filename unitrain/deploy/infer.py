@@ -39,8 +39,9 @@ def worker(spec_file: str) -> int:
     artifact = artifacts.Artifact(
         Path(spec["directory"]), spec["name"], spec["framework"], spec["format"], tuple(spec["files"]), spec["batch"]
     )
-    cfg = artifacts.job_config(spec["config"])
-    dataset, _ = artifacts.held_out(cfg, spec["eval_samples"] or 512)
+    export = {"config": spec["config"], "input": spec.get("input")}
+    dataset, described = artifacts.evaluation_data(export, artifact.directory, spec["eval_samples"] or 512)
+    tokens = artifacts.tokens_per_sample(export)
     samples = min(spec["eval_samples"] or len(dataset), len(dataset))
     rows = []
     for runtime in runtimes_for(artifact, spec["threads"]):
@@ -48,6 +49,7 @@ def worker(spec_file: str) -> int:
             "runtime": runtime.name,
             "baseline_runtime": runtime.baseline or runtime.name,
             "latency": {},
+            "eval_data": described,
         }
         try:
             started = time.perf_counter()
@@ -57,7 +59,7 @@ def worker(spec_file: str) -> int:
                 if artifact.accepts(batch):
                     images, _ = artifacts.stack(dataset, range(batch))
                     row["latency"][str(batch)] = time_runtime(
-                        runtime, images, spec["warmup"], spec["min_iters"], spec["min_time_s"]
+                        runtime, images, spec["warmup"], spec["min_iters"], spec["min_time_s"], tokens
                     )
             eval_batch = artifact.batch or max(spec["batches"])
             row["accuracy"] = accuracy(runtime, dataset, samples, eval_batch, fixed=artifact.batch is not None)
@@ -78,9 +80,20 @@ def _row_line(name: str, row: Dict[str, Any]) -> str:
     if "error" in row:
         return f"{ROW_PREFIX}{row['runtime']:<34} {name}: FAILED: {row['error']}"
     cells = ", ".join(
-        f"batch {b}: p50 {v['p50_ms']:.2f} ms, {v['throughput_ips']:.0f} img/s" for b, v in row["latency"].items()
+        f"batch {b}: p50 {v['p50_ms']:.2f} ms, "
+        + (
+            f"{v['throughput_ips']:.0f} samples/s = {v['tokens_per_s']:.0f} tokens/s"
+            if "tokens_per_s" in v
+            else f"{v['throughput_ips']:.0f} img/s"
+        )
+        for b, v in row["latency"].items()
     )
-    return f"{ROW_PREFIX}{row['runtime']:<34} {name}: {cells}; held-out top-1 {row['accuracy']['top1']:.4f}"
+    scored = row["accuracy"]
+    if scored["predictions"] != scored["samples"]:  # a language model: every position's next token
+        held = f"held-out next-token top-1 {scored['top1']:.4f}, loss {scored['loss']:.4f}"
+    else:
+        held = f"held-out top-1 {scored['top1']:.4f}"
+    return f"{ROW_PREFIX}{row['runtime']:<34} {name}: {cells}; {held}"
 
 
 def _run_artifact(
@@ -94,6 +107,7 @@ def _run_artifact(
         "files": list(artifact.files),
         "batch": artifact.batch,
         "config": manifest["config"],
+        "input": manifest.get("input"),
         "result": str(workdir / f"{artifact.name}.json"),
         **options,
     }
@@ -154,7 +168,7 @@ def _artifacts_in(inputs: Sequence[str]) -> List[Tuple[artifacts.Artifact, Dict[
         if manifest.get("kind") == ps_export.KIND:
             raise artifacts.ArtifactError(
                 f"{directory} is a parameter-server job's export (wide&deep), which scores Criteo lines: python -m "
-                f"unitrain.infer {directory} --criteo <file>; the benchmark times the image models' exports"
+                f"unitrain.infer {directory} --criteo <file>; the benchmark times image and language models"
             )
         seen = {(b.directory, b.name) for b, _ in found}
         found += [(a, manifest) for a in listed if (a.directory, a.name) not in seen]
@@ -182,6 +196,7 @@ def benchmark(inputs: Sequence[str], timing: Timing, out: Optional[str]) -> Path
                         "artifact_batch": artifact.batch,
                         "trained_with": source["framework"],
                         "model": source["model"],
+                        "tokens_per_sample": artifacts.tokens_per_sample(manifest),
                         **row,
                     }
                 )
@@ -196,6 +211,7 @@ def benchmark(inputs: Sequence[str], timing: Timing, out: Optional[str]) -> Path
         "min_time_s": timing.min_time_s,
         "eval_samples": timing.eval_samples or "all",
         "timed": "one inference on an input already in the runtime's memory, logits read back as NumPy",
+        "inputs": sorted({(m.get("input") or {}).get("kind", "images") for _, m in found}),
         "rows": rows,
         "pairs": timing.pairs,
     }
@@ -244,7 +260,7 @@ def _against_the_first(
         print(f"{ROW_PREFIX}{row['runtime']} on {row['name']}: interleaved pairs against {against}", flush=True)
         second = Side(artifact=artifact, runtime=row["runtime"])
         row["vs_reference"] = measure_pair(
-            first, second, manifest["config"], batch, timing.threads, timing.pairs, timing.warmup
+            first, second, manifest["config"], batch, timing.threads, timing.pairs, timing.warmup, manifest.get("input")
         )
 
 

@@ -71,7 +71,7 @@ def quantize_onnx(
 
         def get_next(self) -> Optional[Dict[str, np.ndarray]]:
             batch = next(self.left, None)
-            return None if batch is None else {"images": batch}
+            return None if batch is None else {"images": np.asarray(batch)}  # a plain array, whatever its class
 
     # ONNX Runtime's advice: shape inference and graph optimization before quantization.
     prepared = target.with_name(target.stem + ".pre.onnx")

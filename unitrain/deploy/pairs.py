@@ -19,7 +19,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from unitrain.deploy import artifacts
 from unitrain.deploy.runtimes import runtimes_for, thread_env
@@ -106,9 +106,10 @@ def pair_worker(spec_file: str) -> int:
     """Runs in a child process: one pair, written as JSON next to the spec."""
     die_with_parent()
     spec = json.loads(Path(spec_file).read_text())
-    dataset, _ = artifacts.held_out(artifacts.job_config(spec["config"]), spec["batch"])
-    images, _ = artifacts.stack(dataset, range(spec["batch"]))
     sides = [Side.from_json(spec[k]) for k in ("reference", "candidate")]
+    export = {"config": spec["config"], "input": spec.get("input")}
+    dataset, _ = artifacts.evaluation_data(export, sides[0].artifact.directory, spec["batch"])
+    images, _ = artifacts.stack(dataset, range(spec["batch"]))
     runtimes = [_load(side, spec["threads"]) for side in sides]
     inputs = [r.prepare(images) for r in runtimes]
     measured = interleave(runtimes, inputs, spec["pairs"], spec["warmup"])
@@ -143,15 +144,24 @@ def _one_process(spec: Dict[str, Any], tmp: Path, index: int, threads: int) -> D
 
 
 def measure_pair(
-    reference: Side, candidate: Side, config: Dict[str, Any], batch: int, threads: int, pairs: int, warmup: int
+    reference: Side,
+    candidate: Side,
+    config: Dict[str, Any],
+    batch: int,
+    threads: int,
+    pairs: int,
+    warmup: int,
+    inputs: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
     """reference's time / candidate's time per run at ``batch``, as a median over ``pairs``
     interleaved pairs, :data:`PAIRS_PER_PROCESS` to a process, with its 95% interval over both
-    levels; ``{"error": ...}`` when either cannot run."""
+    levels; ``{"error": ...}`` when either cannot run. ``inputs``: the export manifest's
+    ``input`` (a language model's token windows are re-read with the export's tokenizer)."""
     spec = {
         "reference": reference.to_json(),
         "candidate": candidate.to_json(),
         "config": config,
+        "input": inputs,
         "batch": batch,
         "threads": threads,
         "warmup": warmup,

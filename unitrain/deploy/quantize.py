@@ -17,6 +17,12 @@ fine-tunes for ``qat.steps`` with unitrain's own training loop (``Trainer``, the
 optimizer; its metrics.jsonl and summary.json go into ``qat/``), then converts like static. The
 ONNX Runtime path quantizes the fp32 ONNX export (PTQ: static for ``qat``, as ONNX Runtime has
 no training), so that every method has a neutral-runtime row to set against.
+
+``dynamic`` reads no data and no calibration setting: the toolkits trace the model on one
+held-out batch (an example, never observed for ranges). A language model (data=text) is
+quantized from an example of its full context with the time axis kept dynamic, calibrated
+(static, qat's ONNX Runtime row) on disjoint windows of its corpus's training split, and judged
+by held-out next-token top-1 and loss per token.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -34,6 +41,7 @@ from omegaconf import OmegaConf
 from unitrain.config.schedule import BatchPlan
 from unitrain.config.schema import QuantizeConfig
 from unitrain.data.datasets import build_dataset
+from unitrain.data.text import load_text, tokenizer_path
 from unitrain.deploy import artifacts
 from unitrain.deploy.export import export
 from unitrain.deploy.infer import Timing, benchmark
@@ -48,14 +56,16 @@ from unitrain.model.build import build_model
 from unitrain.model.transfer import checkpoint_model, weights_for
 from unitrain.model.weights import Arrays
 from unitrain.report.quantize import RESULT, markdown, plot, table
-from unitrain.train.checkpoint import find_checkpoint, read_image_meta, read_model_arrays
+from unitrain.train.checkpoint import checkpoint_run_dir, find_checkpoint, read_image_meta, read_model_arrays
 from unitrain.train.trainer import Trainer
 
 
 def validate(cfg: QuantizeConfig) -> None:
-    """What a quantize run cannot do, refused before anything runs."""
+    """What a quantize run cannot do, refused before anything runs. Dynamic quantization reads
+    no calibration setting (it calibrates nothing), so none is checked for it."""
+    calibrated = cfg.method != "dynamic"
     for key, value in (("calib_batches", cfg.calib_batches), ("calib_batch_size", cfg.calib_batch_size)):
-        if value is not None and value < 1:
+        if calibrated and value is not None and value < 1:
             raise ConfigError(key, value, "an integer >= 1")
     if not cfg.batches or min(cfg.batches) < 1:
         raise ConfigError("batches", list(cfg.batches), "a list of positive batch sizes")
@@ -96,12 +106,19 @@ def _check_toolkits(framework: str, toolkit: QuantizeModule, cfg: QuantizeConfig
             ) from None
 
 
-def calibration_batches(job_cfg: Any, count: Optional[int], batch: int) -> List[np.ndarray]:
+def calibration_batches(
+    job_cfg: Any, count: Optional[int], batch: int, tokenizer: Optional[Path] = None
+) -> List[np.ndarray]:
     """The first ``count`` x ``batch`` training images, unaugmented and without labels, from the
-    training set as the job built it (synthetic sets are sized by the job, not by the request)."""
-    plan = BatchPlan.from_config(job_cfg, job_cfg.dist.nproc_per_node * job_cfg.dist.nnodes)
-    size = (job_cfg.trainer.steps or 1) * plan.global_batch
-    dataset = build_dataset(job_cfg.data, default_size=size, seed=job_cfg.trainer.seed)
+    training set as the job built it (synthetic sets are sized by the job, not by the request);
+    a language model's: disjoint windows of its corpus's training split, tokenized by the run's
+    ``tokenizer``."""
+    if artifacts.is_text(job_cfg):
+        dataset, unit = _training_windows(job_cfg, tokenizer), "token windows"
+    else:
+        plan = BatchPlan.from_config(job_cfg, job_cfg.dist.nproc_per_node * job_cfg.dist.nnodes)
+        size = (job_cfg.trainer.steps or 1) * plan.global_batch
+        dataset, unit = build_dataset(job_cfg.data, default_size=size, seed=job_cfg.trainer.seed), "images"
     if count is None:
         count = min(32, max(1, len(dataset) // batch))
     if count * batch > len(dataset):
@@ -109,9 +126,31 @@ def calibration_batches(job_cfg: Any, count: Optional[int], batch: int) -> List[
             "calib_batches",
             count,
             f"at most {len(dataset) // batch} batches of calib_batch_size={batch} (the training set holds "
-            f"{len(dataset)} images)",
+            f"{len(dataset)} {unit})",
         )
-    return [artifacts.stack(dataset, range(i * batch, (i + 1) * batch))[0] for i in range(count)]
+    batches = [artifacts.stack(dataset, range(i * batch, (i + 1) * batch))[0] for i in range(count)]
+    if artifacts.is_text(job_cfg):  # token ids: the toolkits keep the time axis dynamic
+        return [artifacts.token_ids(b, artifacts.text_block_size(job_cfg)) for b in batches]
+    return batches
+
+
+def _training_windows(job_cfg: Any, tokenizer: Optional[Path]) -> Any:
+    """A language model's training split as disjoint windows of its block size."""
+    block = artifacts.text_block_size(job_cfg)
+    if tokenizer is None or not tokenizer.is_file():
+        raise UnitrainError(
+            f"calibrating a language model needs its run's tokenizer ({tokenizer}), which is missing; allowed: "
+            "method=dynamic (no calibration data)"
+        )
+    try:
+        data = artifacts.corpus_config(job_cfg, tokenizer)
+        corpus = load_text(data, block_size=block, max_block_size=block, tokenizer_file=tokenizer)
+    except ConfigError as err:
+        raise UnitrainError(
+            f"calibrating a language model reads its corpus's training split, which cannot be read again: {err}; "
+            "allowed: method=dynamic (no calibration data)"
+        ) from None
+    return corpus.train.with_stride(block)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,14 +164,26 @@ class Quantization:
     framework: str
     backend: Backend
     toolkit: QuantizeModule
+    #: Calibration batches; none for ``dynamic``, which calibrates nothing.
     calibration: List[np.ndarray]
+    #: What the toolkits trace the model with: the first calibration batch, else held-out data
+    #: (a language model's token ids carry their context length: the time axis stays dynamic).
+    example: np.ndarray
     threads: int
     reduce_range: bool
     out_dir: Path
 
     @property
     def classes(self) -> int:
+        if artifacts.is_text(self.job) and self.meta.get("num_classes"):
+            return int(self.meta["num_classes"])  # the vocabulary: the check data may be random ids
         return artifacts.num_classes(self.job, artifacts.held_out(self.job, 8)[0])
+
+    @property
+    def samples(self) -> List[np.ndarray]:
+        """What save_quantized reads: the calibration batches, or (dynamic) the example alone,
+        traced and never observed for activation ranges."""
+        return self.calibration or [self.example]
 
     @property
     def stem(self) -> str:
@@ -164,6 +215,10 @@ def _resolve(cfg: QuantizeConfig, out_dir: Path) -> Quantization:
     threads = cfg.threads or len(os.sched_getaffinity(0))
     # 7-bit activations where the CPU lacks VNNI: the AVX2 int8 dot product saturates otherwise.
     has_vnni = any("vnni" in e for e in cpu()["extensions"] or [])
+    tokenizer = tokenizer_path(checkpoint_run_dir(path)) if artifacts.is_text(job) else None
+    calibration = (
+        [] if cfg.method == "dynamic" else calibration_batches(job, cfg.calib_batches, cfg.calib_batch_size, tokenizer)
+    )
     return Quantization(
         cfg=cfg,
         checkpoint=path,
@@ -172,11 +227,23 @@ def _resolve(cfg: QuantizeConfig, out_dir: Path) -> Quantization:
         framework=framework,
         backend=get_backend(framework),
         toolkit=toolkit,
-        calibration=calibration_batches(job, cfg.calib_batches, cfg.calib_batch_size),
+        calibration=calibration,
+        example=_example(job, meta, calibration, tokenizer),
         threads=threads,
         reduce_range=cfg.reduce_range if cfg.reduce_range is not None else not has_vnni,
         out_dir=out_dir,
     )
+
+
+def _example(job: Any, meta: Dict[str, Any], calibration: List[np.ndarray], tokenizer: Optional[Path]) -> np.ndarray:
+    """The batch the toolkits trace: the first calibration batch, else 8 held-out samples (more
+    than one: torch.export would take a batch of 1 for a fixed size)."""
+    if calibration:
+        example = calibration[0]
+    else:
+        data, _ = artifacts.held_out(job, 8, tokenizer, meta.get("num_classes"))
+        example = artifacts.stack(data, range(8))[0]
+    return artifacts.token_ids(example, artifacts.text_block_size(job)) if artifacts.is_text(job) else example
 
 
 def quantize(cfg: QuantizeConfig, out_dir: Path) -> Dict[str, Any]:
@@ -194,9 +261,13 @@ def quantize(cfg: QuantizeConfig, out_dir: Path) -> Dict[str, Any]:
         "source": fp32["source"],
         "config": fp32["config"],
         "check_data": fp32["check_data"],
+        "input": fp32.get("input"),
         "artifacts": {},
         "cpu": cpu(),
     }
+    for name in artifacts.TOKENIZER_FILES:  # a language model's tokenizer, beside its int8 artifacts too
+        if (fp32_dir / name).is_file():
+            shutil.copyfile(fp32_dir / name, int8_dir / name)
     how = q.settings()
     weights = weights_for(
         read_model_arrays(q.checkpoint), meta, q.backend, build_model(q.backend, checkpoint_model(meta), q.classes)
@@ -227,7 +298,7 @@ def _post_training(q: Quantization, weights: Arrays, int8_dir: Path) -> Saved:
     print(f"{q.cfg.method} quantization in {q.framework} ...", flush=True)
     try:
         return q.toolkit.save_quantized(
-            model, q.cfg.method, q.calibration, int8_dir / q.stem, q.reduce_range, q.cfg.per_channel, q.cfg.batches
+            model, q.cfg.method, q.samples, int8_dir / q.stem, q.reduce_range, q.cfg.per_channel, q.cfg.batches
         )
     except (UnitrainError, MemoryError):
         raise
@@ -247,7 +318,7 @@ def _onnx_runtime_row(
     method = "static" if q.cfg.method == "qat" else q.cfg.method
     print(f"{method} quantization of {source.name} with ONNX Runtime ...", flush=True)
     target = int8_dir / f"{artifacts.stem(q.framework, None)}.{method}.onnx"
-    quantize_onnx(source, target, method, q.calibration, q.cfg.per_channel, q.reduce_range)
+    quantize_onnx(source, target, method, q.calibration or [q.example], q.cfg.per_channel, q.reduce_range)
     manifest["artifacts"][target.name] = {
         "framework": q.framework,
         "format": "onnx",
@@ -292,6 +363,8 @@ def _measure(
         "threads": q.threads,
         "cpu": cpu(),
         "held_out": timed["eval_samples"],
+        "input": fp32.get("input"),
+        "eval_data": next((r["eval_data"] for r in timed["rows"] if r.get("eval_data")), None),
         "batches": timed["batches"],
         "rows": table(timed["rows"], sizes, methods, speedups),
         "pairs": cfg.pairs,
@@ -331,7 +404,7 @@ def _speedups(
         reference = Side(artifact=fp32[base["name"]], runtime=base["runtime"])
         candidate = Side(artifact=int8[row["name"]], runtime=row["runtime"])
         found[(row["name"], row["runtime"])] = measure_pair(
-            reference, candidate, manifest["config"], batch, q.threads, q.cfg.pairs, q.cfg.warmup
+            reference, candidate, manifest["config"], batch, q.threads, q.cfg.pairs, q.cfg.warmup, manifest.get("input")
         )
     return found
 
@@ -364,7 +437,7 @@ def qat_job_config(q: Quantization) -> Any:
 def quantization_aware_training(q: Quantization, weights: Arrays, int8_dir: Path) -> tuple[Saved, Dict[str, Any]]:
     """Fine-tunes the checkpoint's weights with fake quantization in unitrain's training loop,
     then converts and saves it; returns the files and what the loop recorded."""
-    example = q.calibration[0]
+    example = q.example
     prepared = []
 
     def prepare(model: Any) -> Any:

@@ -108,9 +108,16 @@ def runtimes_for(artifact: artifacts.Artifact, threads: int) -> List[Runtime]:
 
 # --- the clock --------------------------------------------------------------------------------
 def time_runtime(
-    runtime: Runtime, images: np.ndarray, warmup: int, min_iters: int, min_time_s: float
+    runtime: Runtime,
+    images: np.ndarray,
+    warmup: int,
+    min_iters: int,
+    min_time_s: float,
+    tokens_per_sample: Optional[int] = None,
 ) -> Dict[str, float]:
-    """Latency percentiles and throughput of ``runtime`` on one batch; warm-up not counted."""
+    """Latency percentiles and throughput of ``runtime`` on one batch; warm-up not counted. A
+    language model's samples are windows of ``tokens_per_sample`` tokens: its throughput in
+    tokens/s too (every position's next token is predicted in the one run)."""
     prepared = runtime.prepare(images)
     started = time.perf_counter()
     for _ in range(warmup):
@@ -123,28 +130,41 @@ def time_runtime(
         runtime.run(prepared)
         times.append(time.perf_counter() - t0)
     ms = np.array(times) * 1e3
+    throughput = float(len(images) * len(times) / (ms.sum() / 1e3))
     return {
         "p50_ms": float(np.percentile(ms, 50)),
         "p90_ms": float(np.percentile(ms, 90)),
         "p99_ms": float(np.percentile(ms, 99)),
         "iters": len(times),
-        "throughput_ips": float(len(images) * len(times) / (ms.sum() / 1e3)),
+        "throughput_ips": throughput,
+        **({"tokens_per_s": throughput * tokens_per_sample} if tokens_per_sample else {}),
         "warmup_s": round(warmup_s, 3),
     }
 
 
+def cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Each prediction's loss (nats), in float64: ``logits [..., classes]``, ``labels [...]``."""
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(-1, keepdims=True)
+    log_norm = np.log(np.exp(z).sum(-1))
+    return log_norm - np.take_along_axis(z, labels[..., None], -1)[..., 0]
+
+
 def accuracy(runtime: Runtime, dataset, samples: int, batch: int, fixed: bool) -> Dict[str, float]:
-    """Top-1 over the first ``samples`` held-out samples, in batches of ``batch``; a fixed-batch
-    artifact gets its last batch padded (the padding is not counted)."""
-    correct = 0
+    """Top-1 and mean loss over the first ``samples`` held-out samples, in batches of ``batch``;
+    a fixed-batch artifact gets its last batch padded (the padding is not counted). A language
+    model's are over every position of its windows (next-token top-1, loss per token)."""
+    correct, loss, predictions = 0, 0.0, 0
     for start in range(0, samples, batch):
         indices = list(range(start, min(start + batch, samples)))
         images, labels = artifacts.stack(dataset, indices)
         if fixed and len(indices) < batch:
             images = np.concatenate([images, np.zeros((batch - len(indices), *images.shape[1:]), images.dtype)])
-        logits = runtime.run(runtime.prepare(images))[: len(indices)]
-        correct += int((np.asarray(logits).argmax(1) == labels).sum())
-    return {"top1": correct / samples, "samples": samples}
+        logits = np.asarray(runtime.run(runtime.prepare(images)))[: len(indices)]
+        correct += int((logits.argmax(-1) == labels).sum())
+        loss += float(cross_entropy(logits, labels).sum())
+        predictions += labels.size
+    return {"top1": correct / predictions, "loss": loss / predictions, "samples": samples, "predictions": predictions}
 
 
 def thread_env(threads: int) -> Dict[str, str]:

@@ -12,27 +12,40 @@ from unitrain.report.tables import markdown as md_table
 
 
 # --- the report -------------------------------------------------------------------------------
+def is_text(result: Dict[str, Any]) -> bool:
+    """Whether every model timed is a language model (token windows in, not images)."""
+    return result.get("inputs") == ["tokens"]
+
+
 def table_rows(result: Dict[str, Any]) -> List[Dict[str, str]]:
     small, large = min(result["batches"]), max(result["batches"])
     reference = result.get("reference")
+    text = is_text(result)
     rows = []
     for r in result["rows"]:
         lat = r.get("latency", {})
         b1, bn = lat.get(str(small)), lat.get(str(large))
-        rows.append(
-            {
-                "runtime": r["runtime"],
-                "model file": r["name"],
-                "trained with": r["trained_with"],
-                f"p50 ms (batch {small})": f"{b1['p50_ms']:.2f}" if b1 else "-",
-                f"p90 ms (batch {small})": f"{b1['p90_ms']:.2f}" if b1 else "-",
-                f"p99 ms (batch {small})": f"{b1['p99_ms']:.2f}" if b1 else "-",
-                f"speed vs {_first(reference)}": _ratio_cell(r, reference),
-                f"img/s (batch {large})": f"{bn['throughput_ips']:.1f}" if bn else "-",
-                "held-out top-1": f"{r['accuracy']['top1']:.4f}" if "accuracy" in r else "-",
-                "what ran": _what_ran(r),
-            }
-        )
+        scored = r.get("accuracy")
+        row = {
+            "runtime": r["runtime"],
+            "model file": r["name"],
+            "trained with": r["trained_with"],
+            f"p50 ms (batch {small})": f"{b1['p50_ms']:.2f}" if b1 else "-",
+            f"p90 ms (batch {small})": f"{b1['p90_ms']:.2f}" if b1 else "-",
+            f"p99 ms (batch {small})": f"{b1['p99_ms']:.2f}" if b1 else "-",
+            f"speed vs {_first(reference)}": _ratio_cell(r, reference),
+        }
+        if text:
+            # A language model's sample is a window of tokens, every position predicted in one run.
+            row[f"samples/s (batch {large})"] = f"{bn['throughput_ips']:.1f}" if bn else "-"
+            row[f"tokens/s (batch {large})"] = f"{bn['tokens_per_s']:.0f}" if bn and "tokens_per_s" in bn else "-"
+            row["held-out next-token top-1"] = f"{scored['top1']:.4f}" if scored else "-"
+            row["held-out loss"] = f"{scored['loss']:.4f}" if scored and "loss" in scored else "-"
+        else:
+            row[f"img/s (batch {large})"] = f"{bn['throughput_ips']:.1f}" if bn else "-"
+            row["held-out top-1"] = f"{scored['top1']:.4f}" if scored else "-"
+        row["what ran"] = _what_ran(r)
+        rows.append(row)
     return rows
 
 
@@ -64,11 +77,21 @@ def _what_ran(row: Dict[str, Any]) -> str:
 
 
 def markdown(result: Dict[str, Any]) -> str:
-
+    if is_text(result):
+        tokens = next((r["tokens_per_sample"] for r in result["rows"] if r.get("tokens_per_sample")), "?")
+        scored = (
+            f"A sample is a window of {tokens} token ids; tokens/s = samples/s x {tokens} (every position's next "
+            f"token is predicted in one run). Held-out next-token top-1 and loss (nats per token) over "
+            f"{result['eval_samples']} windows"
+        )
+        data = next((r["eval_data"] for r in result["rows"] if r.get("eval_data")), None)
+        scored += f" ({data})." if data else "."
+    else:
+        scored = f"Held-out top-1 over {result['eval_samples']} samples."
     return (
         md_table(table_rows(result)) + f"\n\nCPU: {describe_cpu(result['cpu'], {})}; "
         f"{result['threads']} thread(s) for every runtime. Timed: {result['timed']}; warm-up excluded; medians over "
-        f"at least {result['min_iters']} runs. Held-out top-1 over {result['eval_samples']} samples. Speed against the "
+        f"at least {result['min_iters']} runs. {scored} Speed against the "
         f"first row: the median, with its 95% interval, of {result.get('pairs', 0)} interleaved pairs of runs "
         "(reference / row time per run; above 1: faster); " + how_pairs_ran()
     )
@@ -87,7 +110,12 @@ def plot(result: Dict[str, Any], path: Path) -> Path:
     labels = [f"{r['runtime']}\n{r['name']}" for r in ok]
     for ax, batch, key, title in (
         (axes[0], small, "p50_ms", f"latency at batch {small} (ms; p50, bar to p99)"),
-        (axes[1], large, "throughput_ips", f"throughput at batch {large} (images/s)"),
+        (
+            axes[1],
+            large,
+            "tokens_per_s" if is_text(result) else "throughput_ips",
+            f"throughput at batch {large} ({'tokens' if is_text(result) else 'images'}/s)",
+        ),
     ):
         values = [r["latency"].get(batch, {}).get(key, 0.0) for r in ok]
         err = None

@@ -54,6 +54,7 @@ def table(
                 "file": r["name"],
                 "bytes": sizes.get(r["name"]),
                 "top1": r.get("accuracy", {}).get("top1"),
+                "loss": r.get("accuracy", {}).get("loss"),
                 "latency": r.get("latency", {}),
                 "effective": effective(r.get("observed", {}).get("kernels"))
                 if "error" not in r
@@ -76,6 +77,9 @@ def table(
             100 * (row["top1"] - base["top1"])
             if base and row["top1"] is not None and base["top1"] is not None
             else None
+        )
+        row["loss_delta"] = (
+            row["loss"] - base["loss"] if base and row["loss"] is not None and base["loss"] is not None else None
         )
         pair = speedups.get((row["file"], row["runtime"]))
         row["speedup"] = (
@@ -116,27 +120,41 @@ def combined_markdown(reports: List[Dict[str, Any]]) -> str:
     return markdown(reports[0], combined_rows(reports)) + f"\n\nRuns: {len(reports)} ({runs})."
 
 
+def is_text(report: Dict[str, Any]) -> bool:
+    """Whether the quantized model is a language model (token windows in)."""
+    return (report.get("input") or {}).get("kind") == "tokens"
+
+
 def table_markdown_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
     small, large = str(min(report["batches"])), str(max(report["batches"]))
+    text = is_text(report)
     rows = []
     for r in report["rows"]:
         b1, bn = r["latency"].get(small), r["latency"].get(large)
-        rows.append(
-            {
-                "framework": r["framework"],
-                "precision": r["precision"],
-                "runtime": r["runtime"],
-                "file": r["file"],
-                "MB": f"{r['bytes'] / 1e6:.1f}" if r["bytes"] else "-",
-                "size vs fp32": f"{r['size_vs_fp32']:.0%}" if r["size_vs_fp32"] else "-",
-                "held-out top-1": f"{r['top1']:.4f}" if r["top1"] is not None else "-",
-                "vs fp32 (points)": f"{r['top1_delta_points']:+.2f}" if r["top1_delta_points"] is not None else "-",
-                f"p50 ms (batch {small})": f"{b1['p50_ms']:.2f}" if b1 else "-",
-                f"img/s (batch {large})": f"{bn['throughput_ips']:.0f}" if bn else "-",
-                f"speed-up (batch {large}, 95% CI)": _speedup_cell(r["speedup"], large),
-                "effective": r["effective"],
-            }
-        )
+        row = {
+            "framework": r["framework"],
+            "precision": r["precision"],
+            "runtime": r["runtime"],
+            "file": r["file"],
+            "MB": f"{r['bytes'] / 1e6:.1f}" if r["bytes"] else "-",
+            "size vs fp32": f"{r['size_vs_fp32']:.0%}" if r["size_vs_fp32"] else "-",
+            "held-out next-token top-1" if text else "held-out top-1": f"{r['top1']:.4f}"
+            if r["top1"] is not None
+            else "-",
+            "vs fp32 (points)": f"{r['top1_delta_points']:+.2f}" if r["top1_delta_points"] is not None else "-",
+        }
+        if text:
+            # A language model's accuracy is its loss per token (nats), set against fp32's.
+            row["held-out loss"] = f"{r['loss']:.4f}" if r.get("loss") is not None else "-"
+            row["loss vs fp32"] = f"{r['loss_delta']:+.4f}" if r.get("loss_delta") is not None else "-"
+        row[f"p50 ms (batch {small})"] = f"{b1['p50_ms']:.2f}" if b1 else "-"
+        if text:
+            row[f"tokens/s (batch {large})"] = f"{bn['tokens_per_s']:.0f}" if bn and "tokens_per_s" in bn else "-"
+        else:
+            row[f"img/s (batch {large})"] = f"{bn['throughput_ips']:.0f}" if bn else "-"
+        row[f"speed-up (batch {large}, 95% CI)"] = _speedup_cell(r["speedup"], large)
+        row["effective"] = r["effective"]
+        rows.append(row)
     return rows
 
 
@@ -151,7 +169,9 @@ def markdown(report: Dict[str, Any], rows: Optional[List[Dict[str, str]]] = None
 
     rows = table_markdown_rows(report) if rows is None else rows
     s = report["settings"]
-    calibration = f"{s['calib_batch_size'] * s['calib_batches']} training images" if s["calib_batches"] else "none"
+    text = is_text(report)
+    unit = "training token windows" if text else "training images"
+    calibration = f"{s['calib_batch_size'] * s['calib_batches']} {unit}" if s["calib_batches"] else "none"
     if report["method"] == "qat":
         q = s["qat"]
         held = f", fake-quant held-out top-1 {q['held_out']['val_top1']:.4f}" if q.get("held_out") else ""
@@ -167,12 +187,20 @@ def markdown(report: Dict[str, Any], rows: Optional[List[Dict[str, str]]] = None
         f"{report['source']['model']} step {report['source']['step']}; {how}; "
         f"reduce_range (7-bit activations, where honoured): {s['reduce_range']}. Made by: "
         + "; ".join(f"{name}: {by}" for name, by in report.get("made_by", {}).items())
-        + f". Held-out top-1 over {report['held_out']} samples; {report['threads']} thread(s) "
-        f"for every runtime. CPU: {describe_cpu(report['cpu'], {})} "
+        + (
+            f". Held-out next-token top-1 and loss (nats per token) over {report['held_out']} windows of "
+            f"{report['input']['max_length']} tokens ({report.get('eval_data') or 'the held-out split'}); tokens/s = "
+            f"samples/s x {report['input']['max_length']}; {report['threads']} thread(s) "
+            if text
+            else f". Held-out top-1 over {report['held_out']} samples; {report['threads']} thread(s) "
+        )
+        + f"for every runtime. CPU: {describe_cpu(report['cpu'], {})} "
         f"(int8 is fast with VNNI or AMX). `effective` is read from the kernels each runtime ran, not from the method. "
         f"Speed-up: the median, with its 95% interval, of {report.get('pairs', '?')} interleaved pairs of runs of the "
-        "int8 artifact and the same job's fp32 one in the same process and runtime; img/s times each artifact "
-        "alone, so on a busy machine the two can disagree. " + how_pairs_ran() + _deployment_notes(report)
+        "int8 artifact and the same job's fp32 one in the same process and runtime; "
+        f"{'tokens/s' if text else 'img/s'} times each artifact alone, so on a busy machine the two can disagree. "
+        + how_pairs_ran()
+        + _deployment_notes(report)
     )
 
 
