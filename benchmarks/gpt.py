@@ -42,7 +42,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -306,13 +306,22 @@ def handwritten_run(processes: Processes, backend: str, s: Settings, run_dir: Pa
 
 # --- speed ------------------------------------------------------------------------------------
 def speed_pairs(
-    processes: Processes, backend: str, s: Settings, count: int, work: Path, retries: int, idle_wait_s: float
-) -> dict:
+    processes: Processes,
+    backend: str,
+    s: Settings,
+    count: int,
+    work: Path,
+    retries: int,
+    idle_wait_s: float,
+    found: Dict[str, List[dict]],
+    on_pair: Callable[[], None],
+) -> None:
     """``count`` interleaved pairs; pair p runs unitrain first when p is even. A pair during
     which other work took the cores (:func:`unitrain.host.contention.busy`) is measured again,
     up to ``retries`` times: a 2-thread step whose thread loses its core waits at every barrier,
-    10-20 times slower here, which no median of 7 pairs absorbs. Kept and discarded pairs."""
-    kept, discarded = [], []
+    10-20 times slower here, which no median of 7 pairs absorbs. Kept and discarded pairs go
+    into ``found["pairs"]`` and ``found["discarded"]``; ``on_pair`` is called after each."""
+    kept, discarded = found["pairs"], found["discarded"]
     cpus = os.cpu_count() or 1
     for p in range(count):
         order = ("unitrain", "handwritten") if p % 2 == 0 else ("handwritten", "unitrain")
@@ -343,10 +352,11 @@ def speed_pairs(
             }
             if not pair["busy"] or attempt == retries:
                 kept.append(pair)
+                on_pair()
                 break
             print(f"{backend} pair {p + 1}/{count}: other work took the cores, measured again", flush=True)
             discarded.append(pair)
-    return {"pairs": kept, "discarded": discarded}
+            on_pair()
 
 
 def summarize(found: List[dict], peak: Dict[str, object]) -> dict:
@@ -402,8 +412,11 @@ def speed_markdown(record: dict) -> str:
             f"| {h['version']} | {u['tokens_per_s']:,.0f} | {h['tokens_per_s']:,.0f} | {ratio_text(r['ratio'])} | "
             f"{ratio_text(r['cpu_ratio'])} | {100 * u['mfu']:.1f}% | {100 * h['mfu']:.1f}% | "
             f"{u['step_ms']:.1f} / {h['step_ms']:.1f} | {r['ratio']['pairs']} ({again}) | {others} | "
-            f"{when['load_before'][0]:.2f} / {when['load_after'][0]:.2f} | {when['started']} |"
+            f"{when['load_before'][0]:.2f} / {when['load_after'][0]:.2f} | {when['started']}"
+            f"{'' if when.get('complete', True) else ' (stopped early)'} |"
         )
+    if not record["summary"]:
+        return "\n".join([*lines, "", "No pair measured yet."])
     first = next(iter(record["summary"].values()))
     lines += [
         "",
@@ -457,9 +470,15 @@ print(best)
 def measure_sgemm(threads: int, idle_wait_s: float) -> Dict[str, object]:
     """:func:`sgemm_gflops` once other work is gone (waiting up to ``idle_wait_s``), and when."""
     idle = wait_for_idle(contention.BUSY_CPUS, idle_wait_s) if idle_wait_s else None
-    before = contention.sample()
+    before, children = contention.sample(), os.times()
     gflops = sgemm_gflops(threads)
-    others = contention.other_cpus(before, contention.sample())
+    after, done = contention.sample(), os.times()
+    others = None
+    if before.busy_s is not None and after.busy_s is not None and after.wall_s > before.wall_s:
+        # The machine's busy CPU time less this process's and the measuring child's.
+        own = (after.own_s - before.own_s) + (done.children_user + done.children_system)
+        own -= children.children_user + children.children_system
+        others = max(0.0, (after.busy_s - before.busy_s - own) / (after.wall_s - before.wall_s))
     return {
         "sgemm_gflops": gflops,
         "sgemm_measured": time.strftime("%Y-%m-%d %H:%M"),
@@ -499,36 +518,55 @@ def speed(args) -> int:
     results: Dict[str, List[dict]] = dict(earlier.get("runs", {}))
     discarded: Dict[str, List[dict]] = dict(earlier.get("discarded", {}))
     measured: Dict[str, dict] = dict(earlier.get("measured", {}))
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> str:
+        """gpt.json and gpt.md from every pair measured so far (an interrupted run keeps them)."""
+        record = {
+            "date": time.strftime("%Y-%m-%d"),
+            "settings": asdict(s),
+            "machine": machine_info,
+            "peak": peak,
+            "nice": nice,
+            "quiet": quiet,
+            "measured": measured,
+            "summary": {b: summarize(found, peak) for b, found in results.items() if found},
+            "runs": results,
+            "discarded": discarded,
+        }
+        (args.out / "gpt.json").write_text(json.dumps(record, indent=1) + "\n")
+        text = speed_markdown(record)
+        (args.out / "gpt.md").write_text(text + "\n")
+        return text
+
+    machine_info = machine()
     stop_on_termination()
     processes = Processes()
     with tempfile.TemporaryDirectory(prefix="unitrain-bench-gpt-") as tmp:
         try:
             for backend in args.backends.split(","):
-                started, load = time.strftime("%Y-%m-%d %H:%M"), loadavg()
-                found = speed_pairs(processes, backend, s, args.pairs, Path(tmp), args.retries, args.idle_wait_s)
-                results[backend], discarded[backend] = found["pairs"], found["discarded"]
-                measured[backend] = {"started": started, "load_before": load, "load_after": loadavg(), "nice": nice}
+                when = {"started": time.strftime("%Y-%m-%d %H:%M"), "load_before": loadavg(), "nice": nice}
+                found: Dict[str, List[dict]] = {"pairs": [], "discarded": []}
+
+                def on_pair(backend=backend, when=when, found=found) -> None:
+                    # The backend's earlier rows give way once this run has kept a pair of its own.
+                    if found["pairs"]:
+                        results[backend], discarded[backend] = found["pairs"], found["discarded"]
+                        measured[backend] = {**when, "load_after": loadavg(), "complete": False}
+                    save()
+
+                speed_pairs(
+                    processes, backend, s, args.pairs, Path(tmp), args.retries, args.idle_wait_s, found, on_pair
+                )
+                if found["pairs"]:
+                    measured[backend]["complete"] = True
         except (KeyboardInterrupt, Stopped):
-            print("stopped: nothing written", file=sys.stderr)
+            save()
+            print(f"stopped: the pairs measured so far are in {args.out / 'gpt.json'}", file=sys.stderr)
             return 130
         finally:
             processes.stop()
-    record = {
-        "date": time.strftime("%Y-%m-%d"),
-        "settings": asdict(s),
-        "machine": machine(),
-        "peak": peak,
-        "nice": nice,
-        "quiet": quiet,
-        "measured": measured,
-        "summary": {b: summarize(found, peak) for b, found in results.items()},
-        "runs": results,
-        "discarded": discarded,
-    }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpt.json").write_text(json.dumps(record, indent=1) + "\n")
-    text = speed_markdown(record)
-    (args.out / "gpt.md").write_text(text + "\n")
+    text = save()
     print(f"\n{text}\n\nwritten: {args.out / 'gpt.md'}, {args.out / 'gpt.json'}")
     return 0
 
