@@ -20,8 +20,8 @@ from unitrain.interface.backend import get_backend
 from unitrain.interface.evaluation import evaluation_module
 from unitrain.model.build import build_model
 from unitrain.model.transfer import checkpoint_model, weights_for
-from unitrain.spec.models import MODELS
 from unitrain.train.checkpoint import checkpoint_run_dir, find_checkpoint, read_meta, read_model_arrays
+from unitrain.train.language import context_length
 
 #: How many tokens one call may ask for: past it a CPU takes minutes for a tiny model.
 MAX_TOKENS = 100_000
@@ -85,14 +85,9 @@ def load_generator(source: str, framework: Optional[str], roots: List[Path]) -> 
     backend = get_backend(framework)
     model = build_model(backend, checkpoint_model(meta), int(meta["num_classes"]))
     backend.load_state_arrays(model, weights_for(read_model_arrays(path), meta, backend, model))
-    tokenizer = load_tokenizer(_tokenizer_home(path))
-    block = (config.get("data") or {}).get("block_size") or MODELS.get(meta["model"]).block_size
+    tokenizer = load_tokenizer(checkpoint_run_dir(path))  # the run that wrote the checkpoint saved it
+    block = (config.get("data") or {}).get("block_size") or context_length(meta["model"])
     return Generator(framework=framework, checkpoint=path, model=model, tokenizer=tokenizer, block_size=int(block))
-
-
-def _tokenizer_home(checkpoint: Path) -> Path:
-    """Where the run that wrote ``checkpoint`` saved its tokenizer."""
-    return checkpoint_run_dir(checkpoint)
 
 
 def choose(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> int:
