@@ -368,7 +368,9 @@ def _even_files(tmp_path: Path, parts: int = 4, rows_per_part: int = 768) -> lis
 @pytest.mark.slow
 def test_paddle_engine_pass_trains_the_same_model_as_unitrain_steps(tmp_path):
     """One thread of Fleet's QueueDataset reads the files through unitrain's parsing (as
-    MultiSlot text) and train_from_dataset steps them: the model is the stepped one, exactly."""
+    MultiSlot text) and train_from_dataset steps them: the model is the stepped one. The engine's
+    C++ ops and the Python steps take different oneDNN/MKL paths on some CPUs (AVX-512: the log
+    loss 1e-9 apart), so the loss agrees to rounding, the ranking (AUC) exactly."""
     data = _even_files(tmp_path / "data")
     local = ["dist.ps.servers=0", "dist.ps.trainers=1"]
     steps = _job([*data, *local], tmp_path / "steps", "paddle").summary()
@@ -377,7 +379,7 @@ def test_paddle_engine_pass_trains_the_same_model_as_unitrain_steps(tmp_path):
     assert steps["observed"]["fed"] is None
     assert engine["steps"] == steps["steps"] == 4 * 768 // 64
     assert engine["eval"]["val_auc"] == steps["eval"]["val_auc"]
-    assert engine["eval"]["val_logloss"] == steps["eval"]["val_logloss"]
+    assert engine["eval"]["val_logloss"] == pytest.approx(steps["eval"]["val_logloss"], rel=1e-7, abs=0)
 
 
 @pytest.mark.slow
