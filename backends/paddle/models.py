@@ -59,7 +59,9 @@ class BatchNorm2D(nn.BatchNorm2D):
         # which is the documented behaviour both backends share.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="When training, we now always track global mean and variance")
-            return super().forward(x)
+            # Named, not super(): Paddle's to_static rewrites super() as super(type(self), self),
+            # which a subclass (translate.TorchBatchNorm2d) would send back here for ever.
+            return nn.BatchNorm2D.forward(self, x)
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         if not self.training or self._use_global_stats:
@@ -200,6 +202,10 @@ def is_model(obj: object) -> bool:
     return isinstance(obj, nn.Layer)
 
 
+def buffer_names(model: nn.Layer) -> list[str]:
+    return [name for name, _ in model.named_buffers()]
+
+
 def linear_weights(model: nn.Layer) -> list[str]:
     return [
         f"{name}.weight" if name else "weight"
@@ -219,7 +225,9 @@ class Attention(nn.Layer):
         d = x.shape[-1]
         # 0 copies the input's dimension: batch and tokens stay free for an export at any batch.
         qkv = self.qkv(x).reshape([0, 0, 3, self.heads, d // self.heads]).transpose([2, 0, 3, 1, 4])
-        q, k, v = qkv[0], qkv[1], qkv[2]
+        # One unbind, not three slices: each slice's backward fills a zero tensor the size of all
+        # of qkv (about a fifth of a GPT step); unbind's backward stacks the three gradients once.
+        q, k, v = paddle.unbind(qkv, axis=0)
         # The @ operator, not paddle.matmul: the legacy program that Paddle's quantized models are
         # saved in (backends/paddle/quantize.py) takes only the operator between two activations.
         attn = self.attend((q @ k.transpose([0, 1, 3, 2])) * self.scale)

@@ -35,6 +35,7 @@ from typing import Callable, Dict, Iterable, Iterator, List, Sequence, Tuple
 import numpy as np
 import paddle
 from paddle.pir_utils import OldIrGuard
+from paddle.static import Variable
 
 from unitrain.backends.paddle.export import input_shape
 from unitrain.interface.quantize import Saved
@@ -117,7 +118,23 @@ def _legacy_versions() -> Dict[Tuple[object, str], Callable]:
         ),
         (paddle, "maximum"): lambda x, y, name=None: _append("elementwise_max", {"X": x, "Y": y}, {"axis": -1}, x),
         (paddle.compat.nn.Linear, "forward"): _compat_linear,
+        # Swin's shifted windows (torch.roll).
+        (paddle, "roll"): lambda x, shifts, axis=None, name=None, dims=None: _append(
+            "roll", {"X": x}, {"shifts": _ints(shifts), "axis": _ints(dims if axis is None else axis)}, x
+        ),
+        # torch's tensor methods, kept by PaConvert: a legacy program's variables bind them to
+        # the new entry points too (``attn.softmax(dim=-1)``, ``x.sigmoid()``).
+        (Variable, "softmax"): lambda x, axis=-1, dtype=None, name=None, dim=None: _append(
+            "softmax", {"X": x}, {"axis": int(axis if dim is None else dim)}, x
+        ),
+        **{(Variable, op): _unary(op) for op in ("sigmoid", "tanh", "exp")},
     }
+
+
+def _ints(value) -> List[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
 @contextlib.contextmanager

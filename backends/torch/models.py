@@ -126,6 +126,10 @@ def is_model(obj: object) -> bool:
     return isinstance(obj, nn.Module)
 
 
+def buffer_names(model: nn.Module) -> list[str]:
+    return [name for name, _ in model.named_buffers()]
+
+
 def linear_weights(model: nn.Module) -> list[str]:
     return [f"{name}.weight" if name else "weight" for name, m in model.named_modules() if isinstance(m, nn.Linear)]
 

@@ -26,6 +26,10 @@ class ModelsModule(Protocol):
     def is_model(self, obj: Any) -> bool:
         """Whether ``obj`` is the framework's model type (what a user's factory must return)."""
 
+    def buffer_names(self, model: Any) -> List[str]:
+        """The state names of ``model``'s buffers (an index, a mask: values it computes, never
+        drawn). Paddle keeps BatchNorm's running statistics as parameters, torch as buffers."""
+
     def linear_weights(self, model: Any) -> List[str]:
         """The state names of ``model``'s Linear weights (the framework's own layer type): the
         2-D weights whose layout differs between frameworks, unlike an embedding's."""

@@ -56,8 +56,9 @@ def build_model(
         else:
             net = spec.build(backend.name, num_classes)
         if init == "shared":
-            linear = models_module(backend.name).linear_weights(net)
-            backend.load_state_arrays(net, shared_initial_state(backend.name, backend.state_arrays(net), linear, seed))
+            models = models_module(backend.name)
+            state, linear, buffers = backend.state_arrays(net), models.linear_weights(net), models.buffer_names(net)
+            backend.load_state_arrays(net, shared_initial_state(backend.name, state, linear, seed, buffers))
     # Both frameworks' layers have .to(device) returning the layer itself.
     # Built on the CPU already: Paddle's LSTM and GRU hold a dropout state that is never
     # initialised, and Layer.to() fails on it.

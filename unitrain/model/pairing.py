@@ -24,7 +24,7 @@ from __future__ import annotations
 import hashlib
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Collection, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from unitrain.spec.initial_weights import generic_init
 Arrays = Dict[str, np.ndarray]
 #: Kept by torch's BatchNorm, with no counterpart elsewhere (unitrain.model.weights).
 _COUNTERS = (".num_batches_tracked",)
+_RUNNING_STATISTICS = ("running_mean", "running_var")
 
 
 class PairingError(Refusal):
@@ -220,17 +221,30 @@ def convert_pair(
     return out
 
 
-def shared_initial_state(framework: str, state: Arrays, linear: Sequence[str], seed: int) -> Arrays:
-    """``model.init=shared`` for a user's model: :func:`generic_init`'s draws, in the framework's
-    own names and layouts (its BatchNorm counters, if any, at 0). An alias (:func:`tied`) is
-    drawn once, as the name it aliases, and takes no place in the order: a framework that names
-    a tensor twice draws what the other draws."""
+def shared_initial_state(
+    framework: str, state: Arrays, linear: Sequence[str], seed: int, buffers: Collection[str] = ()
+) -> Arrays:
+    """``model.init=shared`` for a user's model: :func:`generic_init`'s draws for its parameters,
+    in the framework's own names and layouts; BatchNorm's running statistics 0 and 1, its
+    counters 0. A buffer (``buffers``: an index, a mask) is never drawn: it keeps the value the
+    model computed, and takes no place in the order, as running statistics take none (Paddle
+    keeps them as parameters, torch as buffers). An alias (:func:`tied`) is drawn once, as the
+    name it aliases, and takes no place either: a framework that names a tensor twice draws what
+    the other draws."""
     params = table(framework, {k: tuple(v.shape) for k, v in state.items()}, linear)
-    canonical = generic_init({p.canonical: p.shape for p in _own(params)}, seed)
+    own = _own(params)
+    stats = [p for p in own if p.canonical.endswith(_RUNNING_STATISTICS)]
+    drawn = [p for p in own if p.name not in set(buffers) and p not in stats]
+    canonical = generic_init({p.canonical: p.shape for p in drawn}, seed)
+    canonical.update(generic_init({p.canonical: p.shape for p in stats}, seed))
     out = {
         p.name: np.ascontiguousarray(canonical[p.canonical].T if p.transposed else canonical[p.canonical])
-        for p in _own(params)
+        for p in [*drawn, *stats]
     }
-    out.update({p.name: out[p.alias_of] for p in params if p.alias_of})
-    out.update({k: np.array(0, dtype=np.int64) for k in state if k not in out})
+    out.update({p.name: out[p.alias_of] for p in params if p.alias_of and p.alias_of in out})
+    weights = weights_module(framework)
+    for name, value in state.items():
+        if name not in out:
+            counter = weights.canonical_name(name).endswith(_COUNTERS)
+            out[name] = np.array(0, dtype=np.int64) if counter else value
     return out

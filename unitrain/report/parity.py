@@ -58,6 +58,12 @@ def format_table(report: Dict[str, Any]) -> str:
         )
         + f"; largest {a['largest']['layer']} ({a['largest']['rel_diff']:.2e})"
     )
+    if report.get("random_layer"):
+        lines.append(
+            f"RANDOM: the model draws random numbers in training, first at {report['random_layer']} (dropout, "
+            "stochastic depth): the frameworks' generators differ, so no two steps can agree; turn them off (their "
+            "rate 0, e.g. through model.kwargs) and run parity again"
+        )
     if a.get("layers_unpaired") or not a["layers_compared"]:
         lines.append(
             f"NOT COMPARED: {a.get('layers_unpaired', 0)} layer output(s) without a counterpart in the other half "
