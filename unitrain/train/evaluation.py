@@ -19,6 +19,7 @@ from unitrain.data.datasets import guard
 from unitrain.interface.backend import Backend
 from unitrain.interface.data import data_module
 from unitrain.interface.evaluation import evaluation_module
+from unitrain.train.metrics import label_ranks
 
 
 class HeldOutBatches:
@@ -46,9 +47,8 @@ def cross_entropy_sum(logits: np.ndarray, labels: np.ndarray) -> float:
 
 
 def correct_in_topk(logits: np.ndarray, labels: np.ndarray, k: int) -> int:
-    """Samples whose label is among the k highest logits (ties broken as metrics.topk_accuracy does)."""
-    top = np.argsort(-logits, axis=1)[:, : min(k, logits.shape[1])]
-    return int(np.any(top == labels[:, None], axis=1).sum())
+    """Samples whose label is among the k highest logits (ties as metrics.topk_accuracy counts them)."""
+    return int((label_ranks(logits, labels) < min(k, logits.shape[1])).sum())
 
 
 class Evaluator:
