@@ -81,6 +81,8 @@ def test_tensor_methods_take_python_numbers_as_torch_does():
     for method, other in [("div", 0.8), ("div", 3), ("true_divide", 0.8), ("mul", 1.5), ("add", 2.0), ("sub", 0.25)]:
         _close(getattr(translate, method)(x, other), getattr(t, method)(other))
     _close(translate.add(x, 2.0, alpha=3), t.add(2.0, alpha=3))
+    for method in ("gt", "ge", "lt", "le", "ne"):
+        np.testing.assert_array_equal(getattr(translate, method)(x, 0.5).numpy(), getattr(t, method)(0.5).numpy())
     _close(translate.div(x, x + 1), t.div(t + 1))  # a tensor: Paddle's own method
     for method, other in [("div_", 0.8), ("mul_", 1.5), ("add_", 2.0), ("sub_", 0.25)]:
         ours, theirs = paddle.to_tensor(X), torch.from_numpy(X.copy())

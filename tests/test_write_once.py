@@ -39,11 +39,23 @@ def project(tmp_path_factory):
         "        torch.nn.utils.parametrize.is_parametrized(self.fc)\n        return self.head(self.fc(x))\n",
         "missing": "        return self.head(self.fc(torch.special.i0(x.mean((2, 3)))))\n",
         "noisy": "        h = self.fc(x.mean((2, 3)))\n        return self.head(h + torch.randn_like(h))\n",
+        # Only training runs these two.
+        "training_only": "        h = self.fc(x.mean((2, 3)))\n        if self.training:\n"
+        "            h = h - h.fmod(2.0)\n        return self.head(h)\n",
+        "training_crash": "        h = self.fc(x.mean((2, 3)))\n        if self.training:\n"
+        "            h = h * h.maximum(torch.zeros_like(h)).bool()\n        return self.head(h)\n",
     }
     for name, body in forward.items():
         factory = "\n\ndef build(num_classes, image_size):\n    return Net(num_classes)\n"
         (bad / f"{name}.py").write_text(head + "    def forward(self, x):\n" + body + factory)
     (bad / "not_a_model.py").write_text("def build(num_classes, image_size):\n    return [num_classes]\n")
+    (bad / "syntax.py").write_text(
+        "import torch\n\n\ndef build(num_classes, image_size):\n    return torch.nn.Linear(3,\n"
+    )
+    (bad / "raises.py").write_text(
+        'import torch\n\n\n"""Its own error."""\ndef build(num_classes, image_size, width=8):\n'
+        '    raise ValueError("width must be even")\n'
+    )
     return root
 
 
@@ -202,6 +214,16 @@ def test_an_lstm_gru_text_classifier_trains_alike(in_project):
             "torch half's",
         ),
         (
+            ["model.torch=bad_nets.training_only:build"],
+            # PaConvert writes Paddle's remainder for torch's fmod: the sign differs, evaluation never sees it.
+            "model.paddle=convert: one training step from the same weights (random layers off: none) moves the "
+            "converted half's head.weight by",
+        ),
+        (
+            ["model.torch=bad_nets.training_crash:build"],
+            "model.paddle=convert: in training mode (random layers on) the converted half failed at training_crash.py:",
+        ),
+        (
             ["model.torch=bad_nets.not_a_model:build"],
             "model.paddle='convert' is not allowed: a factory that returns a paddle model (it returned builtins.list)",
         ),
@@ -217,7 +239,17 @@ def test_an_lstm_gru_text_classifier_trains_alike(in_project):
             "factory",
         ),
     ],
-    ids=["unconverted call", "name paddle lacks", "computes otherwise", "not a model", "typo", "nothing", "no module"],
+    ids=[
+        "unconverted call",
+        "name paddle lacks",
+        "computes otherwise",
+        "differs in training",
+        "fails in training",
+        "not a model",
+        "typo",
+        "nothing",
+        "no module",
+    ],
 )
 def test_what_does_not_convert_is_one_line_before_anything_runs(in_project, tmp_path, args, expected):
     said = refusal(["backend=paddle", "model=custom", "model.paddle=convert", *args], tmp_path)
@@ -292,8 +324,26 @@ def test_convert_reports_what_did_not_convert_and_keeps_the_code_to_read(in_proj
             "give a checkpoint or --model=pkg.module:function, one of the two",
         ),
         (["runs"], "--to is missing; allowed: --to paddle|torch with a checkpoint"),
+        # The user's own errors, with the user's file and line (not the converted copy's, not blamed on conversion).
+        (["--model", "bad_nets.syntax:build"], "bad_nets/syntax.py:5: SyntaxError: '(' was never closed"),
+        (
+            ["--model", "bad_nets.raises:build"],
+            "model.torch='bad_nets.raises:build' is not allowed: a factory that builds the model; it failed at "
+            'raises.py:6 (raise ValueError("width must be even")): ValueError: width must be even',
+        ),
     ],
-    ids=["typo", "to torch", "kwarg form", "kwarg name", "image size", "out exists", "both", "no --to"],
+    ids=[
+        "typo",
+        "to torch",
+        "kwarg form",
+        "kwarg name",
+        "image size",
+        "out exists",
+        "both",
+        "no --to",
+        "syntax",
+        "own",
+    ],
 )
 def test_convert_refuses_bad_input_in_one_line_and_writes_nothing(in_project, tmp_path, capsys, args, expected):
     from unitrain.convert import main

@@ -155,7 +155,8 @@ def _model(args: argparse.Namespace) -> int:
     if not args.no_check:
         _check_arguments(args.model, kwargs)
     out = _out_folder(args.out, translation)
-    created = not out.exists()
+    # The outermost folder this writes that was not there (the default's converted/ too).
+    created = next((p for p in [*reversed(out.parents), out] if not p.exists()), None)
     copy_to(translation, out)
     print(_conversion_lines(translation, backend, out))
     try:
@@ -171,7 +172,7 @@ def _model(args: argparse.Namespace) -> int:
         return 1
     except UnitrainError:
         if created:
-            shutil.rmtree(out, ignore_errors=True)  # bad input leaves nothing behind
+            shutil.rmtree(created, ignore_errors=True)  # bad input leaves nothing behind
         raise
     (out / CHECK).write_text(json.dumps(found, indent=2) + "\n")
     print(_check_line(found, source_name, args.image_size))

@@ -59,11 +59,11 @@ class PaddleBackend(Backend):
 
     def loss(self, logits, labels, label_smoothing: float = 0.0):
         # A language model's [batch, time, vocab] logits: every position is a prediction.
-        logits = logits.reshape([-1, logits.shape[-1]])
-        return F.cross_entropy(logits.astype("float32"), labels.reshape([-1]), label_smoothing=label_smoothing)
+        logits = _float32(logits.reshape([-1, logits.shape[-1]]))
+        return F.cross_entropy(logits, labels.reshape([-1]), label_smoothing=label_smoothing)
 
     def to_numpy(self, tensor):
-        return tensor.detach().astype("float32").numpy()
+        return _float32(tensor.detach()).numpy()
 
     def num_parameters(self, model) -> int:
         # Paddle keeps BatchNorm running statistics as parameters with stop_gradient set;
@@ -118,3 +118,9 @@ class PaddleBackend(Backend):
 
 def create_backend() -> PaddleBackend:
     return PaddleBackend()
+
+
+def _float32(tensor):
+    # Cast only what is not float32 already: Paddle's astype copies (and its backward runs) even
+    # to the same dtype, for every step's logits.
+    return tensor if tensor.dtype == paddle.float32 else tensor.astype("float32")

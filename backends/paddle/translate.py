@@ -149,7 +149,8 @@ class _Shapes(ast.NodeTransformer):
     - ``t.split(n, dim=d)`` -> :func:`split` (PaConvert's torch-style helper is set on dygraph
       tensors only, and Paddle's own split takes no ``dim``), ``device=t.device`` ->
       :func:`device_of` (a legacy program's tensors have no device);
-    - ``t.div(x)``, ``mul``, ``add``, ``sub`` and their in-place forms -> the bridges of the same
+    - ``t.div(x)``, ``mul``, ``add``, ``sub``, the comparisons ``gt``, ``ge``, ``lt``, ``le``,
+      ``ne`` and the in-place ``div_``, ``mul_``, ``add_``, ``sub_`` -> the bridges of the same
       name, which take a Python number as torch does;
     - a batch norm class written where it is not called (``partial(nn.BatchNorm2d, eps=1e-3)``)
       -> ``TorchBatchNorm2d``, which takes the torch arguments it is called with later.
@@ -470,6 +471,26 @@ def sub(tensor, other, *args, **kwargs):
     return tensor.sub(other, *args, **kwargs)
 
 
+def gt(tensor, other, *args, **kwargs):
+    return tensor > other if _number(tensor, other, args, kwargs) else tensor.gt(other, *args, **kwargs)
+
+
+def ge(tensor, other, *args, **kwargs):
+    return tensor >= other if _number(tensor, other, args, kwargs) else tensor.ge(other, *args, **kwargs)
+
+
+def lt(tensor, other, *args, **kwargs):
+    return tensor < other if _number(tensor, other, args, kwargs) else tensor.lt(other, *args, **kwargs)
+
+
+def le(tensor, other, *args, **kwargs):
+    return tensor <= other if _number(tensor, other, args, kwargs) else tensor.le(other, *args, **kwargs)
+
+
+def ne(tensor, other, *args, **kwargs):
+    return tensor != other if _number(tensor, other, args, kwargs) else tensor.ne(other, *args, **kwargs)
+
+
 def div_(tensor, other, *args, **kwargs):
     if _number(tensor, other, args, kwargs):
         return _in_place(tensor, "divide_", other)
@@ -495,7 +516,22 @@ def sub_(tensor, other, *args, **kwargs):
 
 
 #: Tensor methods taking a Python number in torch (:class:`_Shapes` routes calls through these).
-_SCALAR_METHODS = ("div", "true_divide", "mul", "add", "sub", "div_", "mul_", "add_", "sub_")
+_SCALAR_METHODS = (
+    "div",
+    "true_divide",
+    "mul",
+    "add",
+    "sub",
+    "gt",
+    "ge",
+    "lt",
+    "le",
+    "ne",
+    "div_",
+    "mul_",
+    "add_",
+    "sub_",
+)
 
 
 def device_of(tensor):

@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from unitrain.spec.models import GPTSpec, ResNetSpec, ViTSpec
 
-__all__ = ["build_gpt", "build_resnet", "build_vit", "is_model", "linear_weights"]
+__all__ = ["buffer_names", "build_gpt", "build_resnet", "build_vit", "is_model", "linear_weights"]
 
 
 def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1) -> tuple[nn.Conv2d, nn.BatchNorm2d]:

@@ -93,20 +93,36 @@ class CustomModel:
         except (UnitrainError, MemoryError):
             raise
         except Exception as err:  # noqa: BLE001 - the user's code failing: one line that says where
-            said = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
             if path == CONVERT:
-                raise ConversionRefused(
-                    f"model.{backend}=convert: building the converted model failed at {_where(err)}: {said}; "
-                    f"allowed: code that converts to calls {backend} takes, or a {backend} half of your own"
-                ) from None
+                self._converted_failed(backend, arguments, err)
             raise ConfigError(
-                f"model.{backend}", path, f"a factory that builds the model; it failed at {_where(err)}: {said}"
+                f"model.{backend}", path, f"a factory that builds the model; it failed at {_where(err)}: {_said(err)}"
             ) from None
         check_model(backend, path, model)
         # The names its state gives one tensor twice, for the pairing and model.init=shared of
         # the model just built (unitrain.model.pairing).
         tied(get_backend(backend), model, known=False)
         return model
+
+    def _converted_failed(self, backend: str, arguments: Dict[str, Any], err: Exception) -> None:
+        """The converted factory failed: whose failure it is. The user's own factory, run with the
+        same arguments, failing too is the user's code (its file and line, not the converted
+        copy's); otherwise the conversion's."""
+        source = translate_module(backend).SOURCE
+        path = self.factories[source]
+        try:
+            resolve_factory(f"model.{source}", path)(**arguments)
+        except (UnitrainError, MemoryError):
+            raise
+        except Exception as own:  # noqa: BLE001 - the user's code failing: one line that says where
+            raise ConfigError(
+                f"model.{source}", path, f"a factory that builds the model; it failed at {_where(own)}: {_said(own)}"
+            ) from None
+        raise ConversionRefused(
+            f"model.{backend}=convert: building the converted model failed at {_where(err)} (your {source} factory "
+            f"builds): {_said(err)}; allowed: code that converts to calls {backend} takes, or a "
+            f"{backend} half of your own"
+        ) from None
 
     def check_output(self, backend: str, data: Any) -> int:
         """The model ``backend``'s factory builds (converted or not) for the data a DataConfig
@@ -220,12 +236,24 @@ class ProbeSamples:
         return f"{self.count} images [3, {size}, {size}]"
 
 
+def failed_at(err: BaseException) -> str:
+    """Where the user's (or the converted) code failed and what it said, for one line."""
+    return f"{_where(err)}: {_said(err)}"
+
+
+def _said(err: BaseException) -> str:
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
+
+
 def _where(err: BaseException) -> str:
     """The last line of the user's (converted) code a failure passed through."""
     frames = traceback.extract_tb(err.__traceback__)
-    own = [f for f in frames if "unitrain_converted_" in f.filename] or frames
-    last = own[-1]
-    return f"{Path(last.filename).name}:{last.lineno} ({(last.line or '').strip()})"
+    converted = [f for f in frames if "unitrain_converted_" in f.filename]
+    last = (converted or frames)[-1]
+    # The converted copy is reformatted: its line numbers are not the source's.
+    copy = " of the converted copy" if converted else ""
+    return f"{Path(last.filename).name}:{last.lineno}{copy} ({(last.line or '').strip()})"
 
 
 def check_model(backend: str, path: str, model: Any) -> None:

@@ -216,6 +216,7 @@ def translate(source: Source, backend: str, *, refuse: bool = True) -> Translati
     alias = f"unitrain_converted_{key}"
     directory = cache_root() / "converted" / key
     if not (directory / REPORT).exists():
+        check_syntax(source)
         _convert_into(directory, alias, source, module, f"model.{backend}")
     report = json.loads((directory / REPORT).read_text())
     translation = Translation(
@@ -230,6 +231,21 @@ def translate(source: Source, backend: str, *, refuse: bool = True) -> Translati
     if refuse:
         refuse_what_did_not_convert(translation, backend)
     return translation
+
+
+def check_syntax(source: Source) -> None:
+    """The user's files compile, or one line naming the file and line (a converter given code
+    that is not Python fails with a traceback of its own)."""
+    for rel in source.files:
+        path = source.root / rel
+        try:
+            compile(path.read_bytes(), str(path), "exec")
+        except SyntaxError as err:
+            raise ConfigError(
+                source.key,
+                f"{source.module}:{source.function}",
+                f"Python that compiles; {rel}:{err.lineno}: SyntaxError: {err.msg}",
+            ) from None
 
 
 def _convert_into(directory: Path, alias: str, source: Source, module: Any, key: str) -> None:

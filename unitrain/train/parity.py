@@ -17,7 +17,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, Tuple
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -45,15 +45,12 @@ from unitrain.model.translate import ConversionRefused
 from unitrain.model.weights import Arrays, to_canonical
 from unitrain.spec.models import CUSTOM, MODELS
 from unitrain.train.language import text_corpus
+from unitrain.train.layer_outputs import Outputs, activations_pass, first_divergence
+from unitrain.train.training_check import check_training, first_random_layer
 
 _RUNNING_STATS = (".running_mean", ".running_var")
 #: Steps one parity run compares (the data grows with them).
 MAX_STEPS = 1000
-Outputs = List[Tuple[str, np.ndarray]]
-
-
-def _rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-12))
 
 
 def running_stat_diff(state: Arrays, reference: Arrays) -> float:
@@ -78,61 +75,10 @@ def parameter_diff(state: Arrays, reference: Arrays) -> float:
     return max(float(np.max(np.abs(state[k] - reference[k]))) for k in names)
 
 
-def _numbered(outputs: Outputs) -> Iterator[Tuple[str, np.ndarray]]:
-    # A layer object can run several times per forward (a block's one ReLU runs twice): pair its
-    # n-th call on one framework with its n-th call on the other.
-    seen: Dict[str, int] = {}
-    for name, out in outputs:
-        seen[name] = seen.get(name, 0) + 1
-        yield (f"{name}#{seen[name]}" if seen[name] > 1 else name), out
-
-
-def first_divergence(
-    outputs: Outputs, reference: Outputs, tolerance: float, in_both: Callable[[str], bool] = lambda name: False
-) -> Dict[str, Any]:
-    """Compare layer outputs in execution order; the first beyond ``tolerance``, the worst, and
-    how many outputs found no counterpart: a layer one half has and the other computes as a
-    function (``F.gelu`` against ``nn.GELU``), which the comparison must not pass over in
-    silence. A layer ``in_both`` halves that only one of them calls as a layer (torch's
-    MultiheadAttention reads its out_proj's weights without calling it) is not such a case."""
-    expected = dict(_numbered(reference))
-    compared, first, worst = 0, None, {"layer": None, "rel_diff": 0.0}
-    numbered = list(_numbered(outputs))
-    if expected.keys() != {name for name, _ in numbered} and len(numbered) == len(expected):
-        # A user's pair names its layers its own way on each side: pair them in execution order.
-        expected = {name: out for (name, _), (_, out) in zip(numbered, reference)}
-    unpaired = []
-    for name, out in numbered:
-        if name not in expected or expected[name].shape != out.shape:
-            unpaired.append(name)
-            continue
-        rel = _rel(out, expected[name])
-        compared += 1
-        if rel > worst["rel_diff"]:
-            worst = {"layer": name, "rel_diff": rel}
-        if first is None and rel > tolerance:
-            first = {"layer": name, "rel_diff": rel}
-    paired = {name for name, _ in numbered} - set(unpaired)
-    unpaired += [name for name in expected if name not in paired]
-    unpaired = [name for name in unpaired if not in_both(name.split("#")[0])]
-    return {
-        "layers_compared": compared,
-        "layers_unpaired": len(unpaired),
-        "first_unpaired": unpaired[0] if unpaired else None,
-        "first_beyond_tolerance": first,
-        "largest": worst,
-    }
-
-
 def _layers_in_both(a: "_Side", b: "_Side") -> Callable[[str], bool]:
     """Whether a layer of that name holds parameters in both halves."""
     owners = [{name.rpartition(".")[0] for name in side.backend.state_arrays(side.model)} for side in (a, b)]
     return lambda layer: all(layer in names for names in owners)
-
-
-def activations_pass(activations: Dict[str, Any]) -> bool:
-    """Every layer output paired and compared: a comparison of none passes nothing."""
-    return activations["layers_compared"] > 0 and not activations["layers_unpaired"]
 
 
 @dataclass(kw_only=True)
@@ -313,30 +259,13 @@ def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
         "passed": worst <= cfg.tolerance and worst_stats <= cfg.tolerance and activations_pass(activations),
         "first_batch_activations": activations | {"tolerance": cfg.activation_tolerance},
         "per_step": records,
+        "random_layer": None,
     }
     # A model that draws random numbers in training cannot agree step by step: named, not guessed.
-    report["random_layer"] = None if report["passed"] else first_random_layer(b, dataset, cfg)
+    if not report["passed"]:
+        report["random_layer"] = first_random_layer(b, dataset, cfg.trainer.batch_size, cfg.trainer.seed)
     (out_dir / "parity.json").write_text(json.dumps(report, indent=2) + "\n")
     return report
-
-
-def first_random_layer(side: _Side, dataset: Any, cfg: ParityConfig) -> Optional[str]:
-    """The first layer whose training-mode output differs between two forwards of one batch from
-    the same weights, seeded apart: where the model draws random numbers (dropout, stochastic
-    depth; a random function inside a layer shows at the next layer); None if it draws none.
-    Its state (BatchNorm's running statistics) is put back."""
-    batch = list(range(min(cfg.trainer.batch_size, len(dataset))))
-    images, _ = next(iter(data_module(side.name).make_loader(dataset, [batch])))
-    state = side.backend.state_arrays(side.model)
-    runs = []
-    for offset in (1, 2):
-        side.backend.seed(cfg.trainer.seed + offset)
-        with side.backend.capture_outputs(side.model) as outputs:
-            side.model(images)
-        runs.append(outputs)
-    side.backend.load_state_arrays(side.model, state)
-    found = first_divergence(runs[0], runs[1], 0.0)["first_beyond_tolerance"]
-    return found["layer"].split("#")[0] if found else None
 
 
 #: Layer outputs of a converted half and its source, from the same weights, that pass.
@@ -372,10 +301,11 @@ def check_converted(cfg: Any, backend: str, num_classes: int | None = None) -> D
             "steps": 1,
         },
     )
+    # Two batches: one for the forward compared in evaluation mode, one for the training step.
     if text:
-        dataset = ProbeSamples(model_ref(check), check.data.num_classes, count=2, seed=check.trainer.seed)
+        dataset = ProbeSamples(model_ref(check), check.data.num_classes, count=4, seed=check.trainer.seed)
     else:
-        dataset = build_dataset(check.data, default_size=4, seed=check.trainer.seed)
+        dataset = build_dataset(check.data, default_size=8, seed=check.trainer.seed)
     threads = resolve_threads(cfg.trainer.threads)
     converted, _ = _side(backend, check, dataset, threads)
     source_name = translate_module(backend).SOURCE
@@ -399,4 +329,6 @@ def check_converted(cfg: Any, backend: str, num_classes: int | None = None) -> D
             f"output(s) have no counterpart (first: {found['first_unpaired']}); allowed: a model whose conversion "
             f"computes the same (see docs/models.md), or a {backend} half of your own"
         )
-    return found | {"loss_rel_diff": loss_diff}
+    batch = check.trainer.batch_size
+    training = check_training(converted, source, dataset, batch, check.trainer.seed, f"model.{backend}=convert:")
+    return found | {"loss_rel_diff": loss_diff, "training": training}
