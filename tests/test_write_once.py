@@ -284,8 +284,27 @@ def test_convert_writes_the_paddle_code_and_checks_it_without_training(in_projec
     code = next(out.rglob("convmixer.py")).read_text()
     assert "import paddle" in code and "torch" not in code.replace("torch_", "")
     check = json.loads((out / "check.json").read_text())
+    assert check["factory"] == "gallery.convmixer:build" and check["training"]["compared"]
     assert check["layers_compared"] >= 10 and check["largest"]["rel_diff"] <= 1e-4
     assert json.loads((out / "translation.json").read_text())["unconverted"] == []
+
+
+def test_two_factories_of_one_module_keep_a_folder_and_a_check_each(in_project, capsys):
+    from unitrain.convert import main
+
+    module = "import torch\n\n\nclass Net(torch.nn.Module):\n    def __init__(self, n, bias):\n"
+    module += "        super().__init__()\n        self.fc = torch.nn.Linear(3, n, bias=bias)\n\n"
+    module += "    def forward(self, x):\n        return self.fc(x.mean((2, 3)))\n\n\n"
+    module += "def build_a(num_classes, image_size):\n    return Net(num_classes, True)\n\n\n"
+    module += "def build_b(num_classes, image_size):\n    return Net(num_classes, False)\n"
+    (in_project / "two_nets.py").write_text(module)
+    for factory in ("two_nets:build_a", "two_nets:build_b"):
+        assert main(["--model", factory, "--image-size", "8"]) == 0, capsys.readouterr().err
+    folders = sorted((in_project / "converted").iterdir())
+    checks = [json.loads((folder / "check.json").read_text())["factory"] for folder in folders]
+    assert checks == ["two_nets:build_a", "two_nets:build_b"]
+    assert [f.name.split("-")[0] for f in folders] == ["two_nets.build_a", "two_nets.build_b"]
+    shutil.rmtree(in_project / "converted")
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -154,7 +155,7 @@ def _model(args: argparse.Namespace) -> int:
     translation = translate(find_source("--model", args.model), backend, refuse=False)
     if not args.no_check:
         _check_arguments(args.model, kwargs)
-    out = _out_folder(args.out, translation)
+    out = _out_folder(args.out, translation, args.model)
     # The outermost folder this writes that was not there (the default's converted/ too).
     created = next((p for p in [*reversed(out.parents), out] if not p.exists()), None)
     copy_to(translation, out)
@@ -174,7 +175,7 @@ def _model(args: argparse.Namespace) -> int:
         if created:
             shutil.rmtree(created, ignore_errors=True)  # bad input leaves nothing behind
         raise
-    (out / CHECK).write_text(json.dumps(found, indent=2) + "\n")
+    (out / CHECK).write_text(json.dumps({"factory": args.model, **found}, indent=2) + "\n")
     print(_check_line(found, source_name, args.image_size))
     return 0
 
@@ -194,11 +195,13 @@ def _check_arguments(path: str, kwargs: Dict[str, Any]) -> None:
         pass
 
 
-def _out_folder(out: str | None, translation: Translation) -> Path:
-    """--out, which must not hold anything yet; by default a folder named by the code's hash,
-    which holds the same conversion when it exists."""
+def _out_folder(out: str | None, translation: Translation, factory: str) -> Path:
+    """--out, which must not hold anything yet; by default a folder named by the factory and the
+    code's hash, which holds the same conversion and check when it exists (two factories of one
+    module: two folders, each its own check.json)."""
     if out is None:
-        return Path("converted") / f"{translation.source.top}-{translation.directory.name}"
+        name = re.sub(r"[^\w.-]", ".", factory)
+        return Path("converted") / f"{name}-{translation.directory.name}"
     path = Path(out)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise UnitrainError(

@@ -4,7 +4,6 @@ with a relative position bias indexed by an int64 buffer, every other block shif
 drop path (timm's ``x.div(keep_prob)``) and patch merging."""
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 

@@ -105,8 +105,8 @@ def check_training(converted: Any, source: Any, dataset: Any, batch_size: int, s
         raise ConversionRefused(
             f"{where} one training step from the same weights (random layers off: {off}) moves the converted "
             f"half's {worst['weight']} by {worst['rel_diff']:.2e} (relative) from the source half's, the losses "
-            f"{result['loss_rel_diff']:.2e} apart (at most {GRADIENT_TOLERANCE:g} and {TOLERANCE:g} pass); allowed: a model whose conversion "
-            "computes the same gradients (see docs/models.md), or a half of your own"
+            f"{result['loss_rel_diff']:.2e} apart (at most {GRADIENT_TOLERANCE:g} and {TOLERANCE:g} pass); allowed: "
+            "a model whose conversion computes the same gradients (see docs/models.md), or a half of your own"
         )
     return {"compared": True, "random_layers_off": random["off"], **result}
 
