@@ -111,6 +111,35 @@ def test_the_core_and_the_framework_free_backend_modules_import_no_framework():
     assert json.loads(done.stdout.splitlines()[-1]) == []
 
 
+#: What a backend may import from the core: the layers below it (a backend sits under interface/,
+#: which loads it), and its own package.
+BACKEND_MAY_IMPORT = {"interface", "spec", "config", "data", "host", "errors", "backends"}
+
+
+def core_imports(path: Path) -> set:
+    """The core sub-packages (or top-level modules) a file imports, function-local imports too."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names = [node.module]
+        found.update(n.split(".")[1] for n in names if n.startswith("unitrain.") and n.count(".") >= 1)
+    return found
+
+
+def test_a_backend_imports_only_downward(tmp_path):
+    # The check sees an upward import, also inside a function (what backends/*/ps.py had before
+    # the tables moved to spec/).
+    upward = tmp_path / "ps.py"
+    upward.write_text("def tables():\n    from unitrain.ps.table import SparseTable\n")
+    assert core_imports(upward) - BACKEND_MAY_IMPORT == {"ps"}
+    wrong = {
+        str(path.relative_to(ROOT)): sorted(core_imports(path) - BACKEND_MAY_IMPORT)
+        for path in sorted(BACKENDS.rglob("*.py"))
+    }
+    assert {k: v for k, v in wrong.items() if v} == {}
+
+
 def test_the_core_compares_no_framework_name():
     comparison = re.compile(r"""(==|!=|\bis\b|\bin\b)\s*\(?['"](paddle|torch)['"]|['"](paddle|torch)['"]\s*(==|!=)""")
     found = [

@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from unitrain.ps.table import INITIAL_G2SUM, SparseTable, initial_rows
+from unitrain.spec.ps_table import INITIAL_G2SUM, SparseTable, initial_rows
 
 INIT = 0.01
 

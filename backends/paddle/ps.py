@@ -44,8 +44,8 @@ from unitrain.data.criteo import DENSE_FEATURES, SPARSE_SLOTS, CtrData
 from unitrain.data.criteo_files import FileRows
 from unitrain.errors import Refusal, UnitrainError
 from unitrain.interface.ps import PassResult, PsProgram, Role
-from unitrain.ps.model import EMBED_INIT, tower_init
-from unitrain.ps.table import BETA1, BETA2, EPSILON, INITIAL_G2SUM
+from unitrain.spec.ps_model import EMBED_INIT, tower_init
+from unitrain.spec.ps_table import BETA1, BETA2, EPSILON, INITIAL_G2SUM
 
 __all__ = ["build", "engine_problem"]
 

@@ -1,7 +1,7 @@
 """Parameter servers on torch.distributed.rpc, PyTorch's own engine for the pattern, as in its
 batch-updating parameter-server example (``@rpc.functions.async_execution``).
 
-The sparse tables live on the server processes (:class:`unitrain.ps.table.SparseTable`: a row
+The sparse tables live on the server processes (:class:`unitrain.spec.ps_table.SparseTable`: a row
 is created when its id is first seen, and updated by the same rule as Paddle's servers). A
 trainer pulls the batch's unique rows, trains on them as leaves and pushes their gradients.
 
@@ -31,8 +31,8 @@ from unitrain.data.criteo import SPARSE_SLOTS, CtrData
 from unitrain.data.criteo_files import Share
 from unitrain.errors import Refusal, UnitrainError
 from unitrain.interface.ps import PsProgram, Role
-from unitrain.ps.model import EMBED_INIT, tower_init
-from unitrain.ps.table import SparseTable
+from unitrain.spec.ps_model import EMBED_INIT, tower_init
+from unitrain.spec.ps_table import SparseTable
 
 __all__ = ["build", "engine_problem"]
 
