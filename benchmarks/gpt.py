@@ -229,21 +229,33 @@ def timed(processes: Processes, cmd: List[str], what: str, **kw) -> Timed:
     return Timed(out, launched, end.wall_s - start.wall_s, others, load)
 
 
-def unitrain_run(processes: Processes, backend: str, s: Settings, run_dir: Path) -> Run:
-    cmd = [
+def char_gpt_command(backend: str, corpus, steps: int, threads: int, run_dir: Path, *extra: str) -> List[str]:
+    """``python -m unitrain experiment=char_gpt`` as both measurements run it, quiet, into run_dir."""
+    return [
         sys.executable,
         "-m",
         "unitrain",
         f"backend={backend}",
         "experiment=char_gpt",
-        f"data.path={s.corpus}",
-        f"trainer.steps={s.warmup + s.steps}",
-        f"profiler.warmup_steps={s.warmup}",
-        f"trainer.threads={s.threads}",
+        f"data.path={corpus}",
+        f"trainer.steps={steps}",
+        f"trainer.threads={threads}",
         "trainer.progress=false",
-        "trainer.eval_every=0",
+        *extra,
         f"hydra.run.dir={run_dir}",
     ]
+
+
+def unitrain_run(processes: Processes, backend: str, s: Settings, run_dir: Path) -> Run:
+    cmd = char_gpt_command(
+        backend,
+        s.corpus,
+        s.warmup + s.steps,
+        s.threads,
+        run_dir,
+        f"profiler.warmup_steps={s.warmup}",
+        "trainer.eval_every=0",
+    )
     t = timed(processes, cmd, f"unitrain {backend}", cwd=ROOT)
     summary = json.loads((run_dir / "summary.json").read_text())
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -662,19 +674,9 @@ def loss(args) -> int:
             run_dir = args.out / backend
             if run_dir.exists():
                 shutil.rmtree(run_dir)
-            cmd = [
-                sys.executable,
-                "-m",
-                "unitrain",
-                f"backend={backend}",
-                "experiment=char_gpt",
-                f"data.path={corpus}",
-                f"trainer.steps={args.steps}",
-                f"trainer.eval_every={args.eval_every}",
-                f"trainer.threads={args.threads}",
-                "trainer.progress=false",
-                f"hydra.run.dir={run_dir}",
-            ]
+            cmd = char_gpt_command(
+                backend, corpus, args.steps, args.threads, run_dir, f"trainer.eval_every={args.eval_every}"
+            )
             t = timed(processes, cmd, f"unitrain {backend}", cwd=ROOT)
             for extra in run_dir.iterdir():  # checkpoints and the like: not kept
                 if extra.name not in KEEP and extra.name != ".hydra":
