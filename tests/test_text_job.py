@@ -243,7 +243,11 @@ def test_two_processes_train_as_one_with_the_same_global_batch(corpus, tmp_path)
     losses = [np.array([r["loss"] for r in run.metrics()]) for run in (one, two)]
     assert np.max(np.abs(losses[0] - losses[1]) / losses[0]) < 1e-5
     weights = [np.load(run.run_dir / "final_weights.rank0.npz") for run in (one, two)]
-    assert all(np.allclose(weights[0][k], weights[1][k], rtol=0, atol=1e-5) for k in weights[0])
+    apart = np.concatenate([np.abs(weights[0][k] - weights[1][k]).ravel() for k in weights[0]])
+    # AdamW divides each gradient by its own size, so a weight whose gradient is at the level of
+    # rounding (the attention's key bias has none at all) moves by up to lr either way; a wrong
+    # average would move most weights by about lr (3e-3). So: all within lr/30, nearly all to 1e-6.
+    assert apart.max() < 1e-4 and np.mean(apart > 1e-6) < 1e-3, (apart.max(), np.mean(apart > 1e-6))
 
 
 @pytest.mark.slow
