@@ -38,15 +38,25 @@ ONEDNN_INT8_TOLERANCE_POINTS = 40.0
 ONEDNN_INT8_RUNTIMES = ("torch.compile (inductor)", "paddle.inference (IR + oneDNN int8)")
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    runs = {}
-    for backend in ("torch", "paddle"):
-        root = tmp_path_factory.mktemp(f"quantize-{backend}")
+class _Runs(dict):
+    """One trained run per framework, trained when a test first asks for it (a test of torch
+    alone does not wait for Paddle's run)."""
+
+    def __init__(self, factory):
+        super().__init__()
+        self.factory = factory
+
+    def __missing__(self, backend: str) -> Path:
+        root = self.factory.mktemp(f"quantize-{backend}")
         result = run_unitrain([f"backend={backend}", *FAST, *TRAIN], root)
         assert result.returncode == 0, result.stderr[-2000:]
-        runs[backend] = result.run_dir
-    return runs
+        self[backend] = result.run_dir
+        return result.run_dir
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return _Runs(tmp_path_factory)
 
 
 def quantize(source: Path, out: Path, *overrides: str):

@@ -408,6 +408,23 @@ def test_one_pytorch_file_trains_on_both_frameworks_and_every_capability_takes_i
     resumed = run_unitrain(["backend=torch", *job, "trainer.steps=6", f"trainer.resume={runs['paddle']}"], root / "r")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert resumed.summary()["steps"] == 6
+    # Exported from a folder without the user's code: the Paddle half is the run's own copy.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = elsewhere / "export"
+    export = run_unitrain_module(elsewhere, "unitrain.export", str(runs["paddle"]), "--format=native", f"--out={out}")
+    assert export.returncode == 0, export.stderr[-2000:]
+    assert json.loads((out / "export.json").read_text())["artifacts"]
+
+
+def test_a_run_without_its_converted_copy_converts_the_source_again_and_says_so(in_project, tmp_path, caplog):
+    from unitrain.model.custom import from_record
+
+    pair = from_record({"factories": {"torch": "gallery.convmixer:build", "paddle": "convert"}}, tmp_path)
+    with caplog.at_level("WARNING", logger="unitrain"):
+        translation = pair.translation("paddle")
+    assert f"{tmp_path} holds no converted/ copy" in caplog.text
+    assert translation.directory.parent.name == "converted" and translation.source.module == "gallery.convmixer"
 
 
 def _refused_as_expected(done, expected) -> bool:

@@ -46,7 +46,7 @@ from unitrain.model.translate import (
     refuse_what_did_not_convert,
     translate,
 )
-from unitrain.train.checkpoint import find_checkpoint, read_image_meta, read_model_arrays
+from unitrain.train.checkpoint import checkpoint_run_dir, find_checkpoint, read_image_meta, read_model_arrays
 from unitrain.train.parity import CONVERTED_TOLERANCE, check_converted
 
 PROG = "python -m unitrain.convert"
@@ -109,7 +109,7 @@ def _checkpoint(args: argparse.Namespace) -> int:
         why = "is a directory" if out.is_dir() else f"its directory {out.parent} does not exist"
         raise UnitrainError(f"--out={str(out)!r} is not allowed: {why}; allowed: a file path in an existing directory")
     # get_backend imports the framework the way unitrain does (and fails clearly if it is missing).
-    arrays = converted(read_model_arrays(path), meta, get_backend(args.to))
+    arrays = converted(read_model_arrays(path), meta, get_backend(args.to), checkpoint_run_dir(path))
     try:
         target.save_native(arrays, out)
     except OSError as err:

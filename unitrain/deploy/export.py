@@ -249,7 +249,7 @@ def _export_ps(
 def _source(path: Path, meta: Dict[str, Any], cfg: Any, data: Any) -> Source:
     return Source(
         framework=meta["framework"],
-        model=checkpoint_model(meta),
+        model=checkpoint_model(meta, checkpoint_run_dir(path)),
         classes=_classes(meta, cfg, data),
         arrays=read_model_arrays(path),
         meta=meta,

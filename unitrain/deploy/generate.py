@@ -83,7 +83,7 @@ def load_generator(source: str, framework: Optional[str], roots: List[Path]) -> 
         )
     framework = framework or meta["framework"]
     backend = get_backend(framework)
-    model = build_model(backend, checkpoint_model(meta), int(meta["num_classes"]))
+    model = build_model(backend, checkpoint_model(meta, checkpoint_run_dir(path)), int(meta["num_classes"]))
     backend.load_state_arrays(model, weights_for(read_model_arrays(path), meta, backend, model))
     tokenizer = load_tokenizer(checkpoint_run_dir(path))  # the run that wrote the checkpoint saved it
     block = (config.get("data") or {}).get("block_size") or context_length(meta["model"])

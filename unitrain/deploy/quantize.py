@@ -270,7 +270,10 @@ def quantize(cfg: QuantizeConfig, out_dir: Path) -> Dict[str, Any]:
             shutil.copyfile(fp32_dir / name, int8_dir / name)
     how = q.settings()
     weights = weights_for(
-        read_model_arrays(q.checkpoint), meta, q.backend, build_model(q.backend, checkpoint_model(meta), q.classes)
+        read_model_arrays(q.checkpoint),
+        meta,
+        q.backend,
+        build_model(q.backend, checkpoint_model(meta, checkpoint_run_dir(q.checkpoint)), q.classes),
     )
     if cfg.method == "qat":
         saved, how["qat"] = quantization_aware_training(q, weights, int8_dir)
@@ -293,7 +296,7 @@ def quantize(cfg: QuantizeConfig, out_dir: Path) -> Dict[str, Any]:
 
 
 def _post_training(q: Quantization, weights: Arrays, int8_dir: Path) -> Saved:
-    model = build_model(q.backend, checkpoint_model(q.meta), q.classes)
+    model = build_model(q.backend, checkpoint_model(q.meta, checkpoint_run_dir(q.checkpoint)), q.classes)
     q.backend.load_state_arrays(model, weights)
     print(f"{q.cfg.method} quantization in {q.framework} ...", flush=True)
     try:
@@ -452,7 +455,9 @@ def quantization_aware_training(q: Quantization, weights: Arrays, int8_dir: Path
         f"quantization-aware training in {q.framework}: {q.cfg.qat.steps} steps at lr {qat_cfg.optim.lr:g} ...",
         flush=True,
     )
-    summary = Trainer(qat_cfg, q.backend, run_dir, q.threads, prepare_model=prepare).fit()
+    # A user's pair as the checkpoint records it (a converted half: the run's copy); else the config's.
+    model = checkpoint_model(q.meta, checkpoint_run_dir(q.checkpoint)) if q.meta.get("custom") else None
+    summary = Trainer(qat_cfg, q.backend, run_dir, q.threads, prepare_model=prepare, model=model).fit()
     saved = q.toolkit.save_qat(prepared[0], int8_dir / q.stem, example, q.cfg.batches)
     final = summary.get("final") or {}
     record = {

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import logging
 import os
 import sys
 import traceback
@@ -32,8 +33,19 @@ from unitrain.interface.models import models_module
 from unitrain.interface.modules import available_backends
 from unitrain.interface.translate import translate_module
 from unitrain.model.pairing import tied
-from unitrain.model.translate import CONVERT, ConversionRefused, Translation, did_you_mean, find_source, translate
+from unitrain.model.translate import (
+    CONVERT,
+    RUN_COPY,
+    ConversionRefused,
+    Translation,
+    did_you_mean,
+    find_source,
+    run_copy,
+    translate,
+)
 from unitrain.spec.models import CUSTOM, MODELS, ViTSpec
+
+log = logging.getLogger("unitrain")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,6 +59,9 @@ class CustomModel:
     #: data=text: the tokens of a sample. Set, the factories are text factories, called with
     #: vocab_size= and block_size=; None, image factories (num_classes=, image_size=).
     block_size: Optional[int] = None
+    #: A checkpoint's run: its converted half is built from the copy the run kept, the code it
+    #: trained with, not from the source as it reads now.
+    run_dir: Optional[Path] = None
 
     @property
     def text(self) -> bool:
@@ -173,6 +188,17 @@ class CustomModel:
         path = self.factories.get(source) if source else None
         if not path or path == CONVERT:
             raise ConfigError(f"model.{backend}", CONVERT, _convert_allowed(backend, source))
+        if self.run_dir is not None:
+            kept = run_copy(self.run_dir, f"model.{source}", path)
+            if kept is not None:
+                return kept
+            log.warning(
+                "model.%s=convert: %s holds no %s/ copy of its converted model; converting %s as it reads now",
+                backend,
+                self.run_dir,
+                RUN_COPY,
+                path,
+            )
         return translate(find_source(f"model.{source}", path), backend)
 
     def explicit_mapping(self) -> Dict[str, str]:
@@ -377,8 +403,11 @@ def model_ref(cfg: Any) -> "str | ViTSpec | CustomModel":
     return sized(cfg.model.name, cfg.data.image_size)
 
 
-def from_record(record: Mapping[str, Any]) -> CustomModel:
+def from_record(record: Mapping[str, Any], run_dir: Optional[Path] = None) -> CustomModel:
+    """The pair a checkpoint's record names; ``run_dir``: the run that wrote it, whose converted
+    copy builds a converted half."""
     return CustomModel(
+        run_dir=run_dir,
         factories=dict(record["factories"]),
         kwargs=dict(record.get("kwargs") or {}),
         mapping=record.get("mapping"),

@@ -4,7 +4,8 @@ models (:mod:`unitrain.model.weights`), parameter matching for a user's pair
 
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 
@@ -18,10 +19,11 @@ from unitrain.spec.models import ViTSpec
 Arrays = Dict[str, np.ndarray]
 
 
-def checkpoint_model(meta: Mapping[str, Any]) -> "str | ViTSpec | CustomModel":
-    """What :func:`unitrain.model.build.build_model` takes to build a checkpoint's model again."""
+def checkpoint_model(meta: Mapping[str, Any], run_dir: Optional[Path] = None) -> "str | ViTSpec | CustomModel":
+    """What :func:`unitrain.model.build.build_model` takes to build a checkpoint's model again;
+    ``run_dir``: the run that wrote it (a converted half is built from the run's own copy)."""
     if meta.get("custom"):
-        return from_record(meta["custom"])
+        return from_record(meta["custom"], run_dir)
     return sized(meta["model"], int(meta.get("config", {}).get("data", {}).get("image_size", 32)))
 
 
@@ -65,9 +67,10 @@ def weights_for(arrays: Arrays, meta: Mapping[str, Any], backend: Any, model: An
     return convert_pair(arrays, source, target, from_record(meta["custom"]).explicit_mapping(), counters)
 
 
-def converted(arrays: Arrays, meta: Mapping[str, Any], backend: Any) -> Arrays:
+def converted(arrays: Arrays, meta: Mapping[str, Any], backend: Any, run_dir: Optional[Path] = None) -> Arrays:
     """A checkpoint's weights as ``backend``'s (``unitrain.convert``), building its model only
-    where matching needs it (a user's pair)."""
+    where matching needs it (a user's pair); ``run_dir``: the run that wrote them."""
     if not meta.get("custom") or meta["framework"] == backend.name:
         return weights_for(arrays, meta, backend, None)
-    return weights_for(arrays, meta, backend, build_model(backend, checkpoint_model(meta), meta["num_classes"]))
+    model = build_model(backend, checkpoint_model(meta, run_dir), meta["num_classes"])
+    return weights_for(arrays, meta, backend, model)

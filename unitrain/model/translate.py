@@ -36,6 +36,9 @@ from unitrain.interface.translate import FileTranslation, Unconverted, translate
 CONVERT = "convert"
 REPORT = "translation.json"
 UNCONVERTED = "unconverted.txt"
+#: A run's own copy of its converted tree, in its run directory: what its checkpoints were
+#: trained with, so an export or a quantization months later builds that model, not today's code.
+RUN_COPY = "converted"
 
 
 class ConversionRefused(Refusal):
@@ -206,6 +209,41 @@ def _digest(source: Source, converter: str, module: Any) -> str:
     return digest.hexdigest()[:16]
 
 
+def _translation(directory: Path, alias: str, source: Source) -> Translation:
+    report = json.loads((directory / REPORT).read_text())
+    return Translation(
+        directory=directory,
+        alias=alias,
+        source=source,
+        converted=report["converted"],
+        unconverted=[Unconverted(**u) for u in report["unconverted"]],
+        substituted=report["substituted"],
+        missing=report["missing"],
+    )
+
+
+def run_copy(run_dir: Path, key: str, path: str) -> Optional[Translation]:
+    """The converted tree a run kept (:data:`RUN_COPY`) of the factory ``path`` (``key``:
+    model.<backend> of it), or None where the run has none (deleted, or written before runs
+    kept one)."""
+    directory = Path(run_dir) / RUN_COPY
+    aliases = sorted(p.name for p in directory.glob("unitrain_converted_*") if p.is_dir())
+    if not (directory / REPORT).is_file() or len(aliases) != 1:
+        return None
+    report = json.loads((directory / REPORT).read_text())
+    module, _, function = path.partition(":") if ":" in path else path.rpartition(".")
+    origin = Path(report["source"])
+    source = Source(
+        key=key,
+        root=origin.parent,
+        top=origin.name.removesuffix(".py"),
+        files=[Path(f) for f in report["files"]],
+        module=module,
+        function=function,
+    )
+    return _translation(directory, aliases[0], source)
+
+
 def translate(source: Source, backend: str, *, refuse: bool = True) -> Translation:
     """``source`` converted for ``backend``: from the cache, or converted now and cached whole
     (a tree half-written by a killed process is never read). ``refuse``: a conversion left
@@ -218,16 +256,7 @@ def translate(source: Source, backend: str, *, refuse: bool = True) -> Translati
     if not (directory / REPORT).exists():
         check_syntax(source)
         _convert_into(directory, alias, source, module, f"model.{backend}")
-    report = json.loads((directory / REPORT).read_text())
-    translation = Translation(
-        directory=directory,
-        alias=alias,
-        source=source,
-        converted=report["converted"],
-        unconverted=[Unconverted(**u) for u in report["unconverted"]],
-        substituted=report["substituted"],
-        missing=report["missing"],
-    )
+    translation = _translation(directory, alias, source)
     if refuse:
         refuse_what_did_not_convert(translation, backend)
     return translation
@@ -358,4 +387,4 @@ def copy_to(translation: Translation, target: Path) -> None:
 
 def keep(translation: Translation, run_dir: Path) -> None:
     """The run's own copy of the converted code, for the user to read."""
-    copy_to(translation, Path(run_dir) / "converted")
+    copy_to(translation, Path(run_dir) / RUN_COPY)

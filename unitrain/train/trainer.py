@@ -41,8 +41,9 @@ from unitrain.interface.precision import MixedPrecision, precision_module
 from unitrain.interface.profiler import Tracer, profiler_module
 from unitrain.interface.speed_settings import SpeedSettings, make_speed_settings
 from unitrain.model.build import build_model
-from unitrain.model.custom import model_ref
+from unitrain.model.custom import CustomModel, model_ref
 from unitrain.model.transfer import model_record
+from unitrain.spec.models import ViTSpec
 from unitrain.train import language
 from unitrain.train import summary as summaries
 from unitrain.train.checkpoint import (
@@ -162,6 +163,7 @@ class Trainer:
         run_dir: str | Path,
         threads: int,
         prepare_model: Optional[Callable[[Native], Native]] = None,
+        model: Optional[str | ViTSpec | CustomModel] = None,
     ):
         self.cfg, self.backend, self.threads = cfg, backend, threads
         self.run_dir = Path(run_dir)
@@ -171,6 +173,9 @@ class Trainer:
         # Applied to the freshly built model before the optimizer sees its parameters: how
         # quantization-aware training gives the loop a model with fake quantization inserted.
         self.prepare_model = prepare_model
+        # The model to build where the config alone would not say it: a checkpoint's, whose
+        # converted half is the copy its run kept.
+        self.model = model
         self.malloc: Optional[Dict[str, Any]] = None  # what fit() set (unitrain.host.malloc)
         self.text: Optional[TextCorpus] = None  # data=text: the corpus, set up by setup()
         self._resume_from: Optional[Path] = None
@@ -297,7 +302,7 @@ class Trainer:
     ) -> Tuple[Native, Native, SpeedSettings]:
         """The model and optimizer, prepared (QAT, speed settings) and decorated for precision."""
         cfg, backend = self.cfg, self.backend
-        ref = model_ref(cfg)
+        ref = self.model or model_ref(cfg)
         model = build_model(
             backend,
             ref,
