@@ -136,6 +136,11 @@ def test_generator_writes_teacher_labelled_parts_and_reports_the_ceiling(tmp_pat
     again = _make_criteo("--rows", "10", "--out", str(out), cwd=tmp_path)
     assert again.returncode == 2 and again.stderr.count("\n") == 1 and "it exists" in again.stderr
     assert sorted((out / "train").iterdir()) == files  # nothing overwritten
+    nowhere = _make_criteo("--rows", "10", "--out", "/proc/criteo", cwd=tmp_path)
+    assert nowhere.returncode == 2 and nowhere.stderr.count("\n") == 1, nowhere.stderr
+    assert (
+        "--out='/proc/criteo' is not allowed: /proc: " in nowhere.stderr and "a folder you can write" in nowhere.stderr
+    )
 
 
 def test_criteos_own_cardinalities_make_tables_that_grow_with_the_rows(tmp_path):

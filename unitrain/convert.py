@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 
 from unitrain.config.schema import TrainerConfig
 from unitrain.errors import UnitrainError
+from unitrain.host.atomic import cannot_create_in
 from unitrain.interface.backend import get_backend
 from unitrain.interface.modules import available_backends
 from unitrain.interface.translate import translate_module
@@ -151,6 +152,7 @@ def _model(args: argparse.Namespace) -> int:
         if not 2 <= value <= 4096:
             raise UnitrainError(f"{flag}={value} is not allowed; allowed: 2 to 4096")
     kwargs = _kwargs(args.kwarg)
+    _check_out(args.out)
     source_name = translate_module(backend).SOURCE
     translation = translate(find_source("--model", args.model), backend, refuse=False)
     if not args.no_check:
@@ -203,15 +205,32 @@ def _out_folder(out: str | None, translation: Translation, factory: str) -> Path
         name = re.sub(r"[^\w.-]", ".", factory)
         return Path("converted") / f"{name}-{translation.directory.name}"
     path = Path(out)
+    if path.exists():
+        path.rmdir()  # empty (:func:`_check_out`): copied whole below
+    return path
+
+
+def _check_out(out: str | None) -> None:
+    """--out can be written, before any work: a new or empty folder in a folder this process can
+    write (the default's: the working directory)."""
+    if out is None:
+        why = cannot_create_in(Path.cwd())
+        if why:
+            raise UnitrainError(
+                f"the default --out (converted/ here) is not allowed: {Path.cwd()}: {why}; allowed: --out in a "
+                "folder you can write"
+            )
+        return
+    path = Path(out)
     if path.exists() and (not path.is_dir() or any(path.iterdir())):
         raise UnitrainError(
             f"--out={out!r} is not allowed: it exists and is not an empty folder; allowed: a new folder"
         )
     if not path.parent.is_dir():
         raise UnitrainError(f"--out={out!r} is not allowed: {path.parent} does not exist; allowed: a new folder")
-    if path.exists():
-        path.rmdir()  # copied whole below
-    return path
+    why = cannot_create_in(path.parent)
+    if why:
+        raise UnitrainError(f"--out={out!r} is not allowed: {path.parent}: {why}; allowed: a folder you can write")
 
 
 def _conversion_lines(translation: Translation, backend: str, out: Path) -> str:

@@ -19,6 +19,7 @@ from rich.progress import Progress
 from unitrain.data.criteo import CARDINALITIES
 from unitrain.data.criteo_files import write_synthetic
 from unitrain.errors import UnitrainError
+from unitrain.host.atomic import cannot_create_in
 from unitrain.launch.arguments import OneLineParser
 
 
@@ -51,6 +52,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         if not out.parent.is_dir():
             raise UnitrainError(f"--out={args.out!r} is not allowed: {out.parent} is not a folder")
+        why = cannot_create_in(out.parent)
+        if why:
+            raise UnitrainError(
+                f"--out={args.out!r} is not allowed: {out.parent}: {why}; allowed: a folder you can write"
+            )
         if args.held_out < 0 or args.parts > args.rows:
             raise UnitrainError(
                 f"--parts={args.parts} is not allowed: 1 to --rows={args.rows}"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
+from typing import Optional
 
 
 def replace_text(path: Path, text: str) -> None:
@@ -13,3 +15,15 @@ def replace_text(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def cannot_create_in(folder: Path) -> Optional[str]:
+    """None where this process can make a folder in ``folder``, else why not, in the system's
+    words: checked by making one (permissions alone do not say it for root, /proc or a
+    read-only mount), before any work that would write there."""
+    try:
+        probe = tempfile.mkdtemp(prefix=".unitrain-probe-", dir=folder)
+    except OSError as err:
+        return err.strerror or str(err)
+    os.rmdir(probe)
+    return None
