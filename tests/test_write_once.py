@@ -338,6 +338,8 @@ def test_convert_reports_what_did_not_convert_and_keeps_the_code_to_read(in_proj
             ["--model", "gallery.vit:build", "--out", "README.md"],
             "is not allowed: it exists and is not an empty folder",
         ),
+        # A folder that cannot be written, said before the conversion runs.
+        (["--model", "gallery.vit:build", "--out", "/proc/x"], "--out='/proc/x' is not allowed: /proc: "),
         (
             ["latest", "--model", "gallery.vit:build"],
             "give a checkpoint or --model=pkg.module:function, one of the two",
@@ -358,6 +360,7 @@ def test_convert_reports_what_did_not_convert_and_keeps_the_code_to_read(in_proj
         "kwarg name",
         "image size",
         "out exists",
+        "out unwritable",
         "both",
         "no --to",
         "syntax",

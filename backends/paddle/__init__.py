@@ -8,3 +8,6 @@ Importing this package imports no paddle: each module does, when it is loaded
 #: this backend is loaded (only then: no filter outlives the import): a missing ccache matters
 #: only to building C++ extensions, which unitrain never does.
 QUIET_ON_IMPORT = ("No ccache found",)
+#: What importing paddle prints to stderr that a unitrain user cannot act on, sent to the run's log
+#: file: paddle advises OMP_NUM_THREADS=1, which unitrain sets to trainer.threads on purpose.
+PRINTED_ON_IMPORT = ("WARNING: OMP_NUM_THREADS set to", "PLEASE USE OMP_NUM_THREADS WISELY")

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, List, Sequence, Tuple
 
@@ -38,6 +39,7 @@ from paddle.pir_utils import OldIrGuard
 from paddle.static import Variable
 
 from unitrain.backends.paddle.export import input_shape
+from unitrain.host.console import logged_to_file, printed_to_log_file
 from unitrain.interface.quantize import Saved
 
 __all__ = ["QUANTIZER", "check", "prepare_qat", "save_qat", "save_quantized"]
@@ -213,6 +215,26 @@ def _static_ptq(model: paddle.nn.Layer, calibration: List[np.ndarray], stem: Pat
     return targets
 
 
+#: What Paddle's quantizers say that a user cannot act on, sent to the run's log: their loggers
+#: (progress, and "the old way to load inference model is deprecated", about the way they load
+#: their own files), their progress bars, and warnings about their own calls.
+_QUANTIZER_LOGGERS = (
+    "paddle.static.quantization.post_training_quantization",
+    "paddle.static.io",
+    "paddle.static.pir_io",
+)
+_QUANTIZER_BARS = ("Sampling stage", "Adding quant", "Preparation stage")
+_QUANTIZER_WARNINGS = ("To copy construct from a tensor", "full_graph=False don't support input_spec")
+
+
+@contextlib.contextmanager
+def _quantizers_to_the_log() -> Iterator[None]:
+    with logged_to_file(_QUANTIZER_LOGGERS), printed_to_log_file(_QUANTIZER_BARS), warnings.catch_warnings():
+        for message in _QUANTIZER_WARNINGS:
+            warnings.filterwarnings("ignore", message=message)
+        yield
+
+
 def save_quantized(
     model: paddle.nn.Layer,
     method: str,
@@ -224,6 +246,17 @@ def save_quantized(
 ) -> Saved:
     """``<stem>.pdmodel`` + ``<stem>.pdiparams`` for any batch size; ``calibration`` is only
     read by the static method. (``reduce_range`` has no counterpart in Paddle's quantizers.)"""
+    with _quantizers_to_the_log():
+        return _save_quantized(model, method, calibration, stem, per_channel)
+
+
+def _save_quantized(
+    model: paddle.nn.Layer,
+    method: str,
+    calibration: Iterable[np.ndarray],
+    stem: Path,
+    per_channel: bool,
+) -> Saved:
     batches = list(calibration)
     model.eval()
     if method == "static":
@@ -255,7 +288,7 @@ def prepare_qat(model: paddle.nn.Layer, example: np.ndarray, reduce_range: bool)
 
 def save_qat(prepared: paddle.nn.Layer, stem: Path, example: np.ndarray, batches: Sequence[int]) -> Saved:
     prepared.eval()
-    with legacy_operators():
+    with legacy_operators(), _quantizers_to_the_log():
         prepared._unitrain_qat.save_quantized_model(prepared, str(stem), input_spec=_spec(example))
     stem.with_name(stem.name + ".pdiparams.info").unlink(missing_ok=True)
     return [(_files(stem), None)]

@@ -28,14 +28,21 @@ import torch
 
 from unitrain.backends.torch.export import dynamic_axes
 from unitrain.errors import ConfigError, UnitrainError
+from unitrain.host.console import logged_to_file
 from unitrain.interface.quantize import Saved
 
 __all__ = ["QUANTIZER", "check", "prepare_qat", "save_qat", "save_quantized"]
 
 
+#: What importing torchao logs on a CPU that a user cannot act on (its CUDA kernels' libraries not
+#: loaded, no Triton, torch's notes on its enums): to the run's log, not the console.
+_IMPORT_LOGGERS = ("torchao", "torchao.kernel.intmm", "torch.utils._pytree")
+
+
 def _torchao():
     try:
-        from torchao.quantization.pt2e import quantize_pt2e  # noqa: F401
+        with logged_to_file(_IMPORT_LOGGERS):
+            from torchao.quantization.pt2e import quantize_pt2e  # noqa: F401
     except ImportError:
         raise UnitrainError(
             "quantization in torch needs torchao, which is not installed; install it with: pip install "

@@ -18,14 +18,19 @@ from unitrain.errors import UnitrainError
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """ONNX Runtime's tool logs every tensor it leaves alone at INFO, some of it on the root
-    logger, which Hydra prints: quiet for the duration."""
+    logger, which Hydra prints, and the sessions its pre-processing opens warn of every unused
+    initializer a converter left: quiet for the duration."""
+    import onnxruntime
+
     loggers = logging.getLogger(), logging.getLogger("onnxruntime")
     levels = [logger.level for logger in loggers]
     for logger in loggers:
         logger.setLevel(logging.WARNING)
+    onnxruntime.set_default_logger_severity(3)
     try:
         yield
     finally:
+        onnxruntime.set_default_logger_severity(2)  # ONNX Runtime's default: warnings
         for logger, level in zip(loggers, levels):
             logger.setLevel(level)
 

@@ -433,7 +433,7 @@ def qat_job_config(q: Quantization) -> Any:
     qat.optim.update(
         lr=cfg.qat.lr if cfg.qat.lr is not None else job.optim.lr * 0.01, warmup_steps=0, schedule="constant"
     )
-    qat.profiler.mode = "timer"
+    qat.profiler.mode, qat.profiler.warmup_steps = "timer", 0  # a few steps: no timing is reported
     return qat
 
 

@@ -68,6 +68,12 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         "--workerlog", action="store_true", help="send this process's output to <run-dir>/workerlog.<local rank>"
     )
     parser.add_argument(
+        "--console",
+        action="store_true",
+        help="this process's output is the user's terminal (a sweep's job): its records go to the run's log "
+        "too, and detail (the step timer's table) only there",
+    )
+    parser.add_argument(
         "--ps",
         nargs=4,
         metavar=("BACKEND", "NODE", "SERVERS", "TRAINERS"),
@@ -108,15 +114,21 @@ def _identity(args: argparse.Namespace) -> tuple[Optional[Any], Status, str, int
     return role, status, log_name, attempt
 
 
-def _log_to(run_dir: Path, log_name: Optional[str]) -> None:
-    """unitrain's records at INFO, into ``log_name`` in the run directory when given."""
+def _log_to(run_dir: Path, log_name: Optional[str], console: bool) -> None:
+    """unitrain's records at INFO, into ``log_name`` in the run directory when given; on the
+    user's ``console``, also into the run's log as a one-process run's are."""
     if log_name:
         log_file = open(run_dir / log_name, "a", buffering=1)
         os.dup2(log_file.fileno(), 1)
         os.dup2(log_file.fileno(), 2)
-    logging.basicConfig(
-        level=logging.INFO, format="[%(asctime)s][%(name)s][%(levelname)s] - %(message)s", stream=sys.stdout, force=True
-    )
+    form = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+    logging.basicConfig(level=logging.INFO, format=form, stream=sys.stdout, force=True)
+    if console:
+        from unitrain.host.console import RUN_LOG
+
+        handler = logging.FileHandler(run_dir / RUN_LOG)
+        handler.setFormatter(logging.Formatter(form))
+        logging.getLogger().addHandler(handler)
     # unitrain's own level: importing paddle 3.0.0 lowers the root logger to WARNING.
     logging.getLogger("unitrain").setLevel(logging.INFO)
 
@@ -185,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()
     args = _arguments(argv)
     role, status, log_name, attempt = _identity(args)
-    _log_to(Path(args.run_dir), log_name if args.workerlog else None)
+    _log_to(Path(args.run_dir), log_name if args.workerlog else None, args.console)
 
     def on_sigterm(signum: int, frame: Any) -> None:
         status(status="terminated")

@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Dict, List
 
 from unitrain.errors import BackendUnavailableError, UnknownNameError
+from unitrain.host.console import printed_to_log_file
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,13 @@ def module_path(backend: str, module: str) -> str:
 def load(backend: str, module: str) -> ModuleType:
     """The backend's module of that name; a framework that is not installed is one line naming
     the extra that installs it. The warnings the backend package lists in ``QUIET_ON_IMPORT``
-    are silenced while it loads."""
+    are silenced while it loads, the lines it lists in ``PRINTED_ON_IMPORT`` go to the log file."""
     path = module_path(backend, module)
     entry = _BACKENDS[backend]
     try:
-        quiet = getattr(importlib.import_module(entry.package), "QUIET_ON_IMPORT", ())
-        with warnings.catch_warnings():
+        package = importlib.import_module(entry.package)
+        quiet = getattr(package, "QUIET_ON_IMPORT", ())
+        with warnings.catch_warnings(), printed_to_log_file(getattr(package, "PRINTED_ON_IMPORT", ())):
             for message in quiet:
                 warnings.filterwarnings("ignore", message=message)
             return importlib.import_module(path)

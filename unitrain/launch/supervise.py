@@ -101,7 +101,7 @@ def run_isolated(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str,
     memory, threads and start-up are its own."""
     run_dir = Path(run_dir).resolve()
     config_file = write_worker_config(cfg, run_dir, 1)
-    command = [sys.executable, *worker_command(config_file, run_dir, "RANK", "LOCAL_RANK")]
+    command = [sys.executable, *worker_command(config_file, run_dir, "RANK", "LOCAL_RANK", "--console")]
     # Output goes straight to this terminal; the child dies with this process, however it ends.
     proc = subprocess.Popen(command, preexec_fn=dies_with_this_process())
     try:

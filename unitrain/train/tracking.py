@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 
 from unitrain.errors import BackendUnavailableError, ConfigError, NothingLeftToRun, Refusal, Stopped
 from unitrain.host.atomic import replace_text
+from unitrain.host.console import RUN_LOG
 from unitrain.host.machine import unitrain_version
 
 RECORD = "mlflow.json"
@@ -40,7 +41,7 @@ STORE = "mlflow.db"
 ARTIFACTS = "mlartifacts"
 ENV_URI = "MLFLOW_TRACKING_URI"
 #: The files of a run directory a tracked run keeps, when they exist.
-RUN_FILES = ("summary.json", "metrics.jsonl", "unitrain.log", "report.html", "comparison.md")
+RUN_FILES = ("summary.json", "metrics.jsonl", RUN_LOG, "report.html", "comparison.md")
 #: MLflow takes at most this many params, and this many metrics, per call.
 _PARAMS_PER_CALL = 100
 _METRICS_PER_CALL = 1000

@@ -31,6 +31,7 @@ from unitrain.data.text import TextCorpus
 from unitrain.errors import ConfigError, NothingLeftToRun, Refusal, UnitrainError
 from unitrain.host import machine, malloc
 from unitrain.host.atomic import replace_text
+from unitrain.host.console import to_log_file
 from unitrain.host.memory import is_out_of_memory
 from unitrain.host.threads import export_threads, resolve_threads
 from unitrain.interface.backend import Backend, Native, get_backend
@@ -618,7 +619,7 @@ class Trainer:
             steps_by_framework=steps_by_framework(loop.metrics.records, backend.name),
         )
         if dist.is_main_process:
-            log.info("\n%s", loop.profiler.format_summary())
+            to_log_file("\n" + loop.profiler.format_summary())
             summaries.write(self.run_dir, summary)
         return summary
 

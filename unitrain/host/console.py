@@ -1,0 +1,94 @@
+"""What reaches the console and what only the run's log file: a terminal shows a run's results;
+detail and a framework's advice a user cannot act on go to the log, where they can be read."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+from typing import Iterator, Sequence, TextIO
+
+log = logging.getLogger("unitrain")
+#: Detail's own name: a launched worker's log has no log file of its own to single out, and the
+#: main process echoes only records named ``unitrain`` from it to the console.
+detail = logging.getLogger("unitrain.detail")
+#: A run's log file in its run directory: Hydra's, named for its job (hydra.job.name=unitrain).
+RUN_LOG = "unitrain.log"
+
+
+def to_log_file(message: str) -> None:
+    """``message`` into the log file only, not the console. Without a log file (a loop of one's
+    own, a launched worker whose output is its log), logged as ``unitrain.detail``."""
+    files = [h for h in logging.getLogger().handlers + log.handlers if isinstance(h, logging.FileHandler)]
+    if not files:
+        detail.info("%s", message)
+        return
+    record = detail.makeRecord(detail.name, logging.INFO, __file__, 0, "%s", (message,), None)
+    for handler in files:
+        if record.levelno >= handler.level:
+            handler.handle(record)
+
+
+class _Sorted:
+    """stderr, with the lines that start with one of ``quiet`` sent to the log file. A stream
+    handler a library makes while this is in place keeps it: every other line still reaches
+    the real stderr, whole."""
+
+    def __init__(self, stream: TextIO, quiet: Sequence[str]):
+        self.stream, self.quiet, self.pending = stream, tuple(quiet), ""
+
+    def write(self, text: str) -> int:
+        self.pending += text
+        while "\n" in self.pending:
+            line, self.pending = self.pending.split("\n", 1)
+            if line.lstrip("\r").startswith(self.quiet):
+                to_log_file(line.split("\r")[-1])  # a progress bar: where it ended
+            else:
+                self.stream.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self.pending and not self.pending.lstrip("\r").startswith(self.quiet):
+            self.stream.write(self.pending)
+            self.pending = ""
+        self.stream.flush()
+
+    def __getattr__(self, name: str):  # fileno, isatty, encoding: the real stream's
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def printed_to_log_file(quiet: Sequence[str]) -> Iterator[None]:
+    """Lines printed to stderr meanwhile that start with one of ``quiet`` go to the log file."""
+    if not quiet:
+        yield
+        return
+    real = sys.stderr
+    sorted_ = _Sorted(real, quiet)
+    sys.stderr = sorted_
+    try:
+        yield
+    finally:
+        sorted_.flush()
+        if sys.stderr is sorted_:
+            sys.stderr = real
+
+
+class _ToLogFile(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        to_log_file(f"{record.name}: {record.getMessage()}")
+
+
+@contextlib.contextmanager
+def logged_to_file(names: Sequence[str]) -> Iterator[None]:
+    """The records of the loggers ``names`` (a library's, with handlers of its own or printed by
+    the console's) go to the log file meanwhile, and nowhere else."""
+    loggers = [logging.getLogger(name) for name in names]
+    saved = [(logger.handlers[:], logger.propagate) for logger in loggers]
+    for logger in loggers:
+        logger.handlers, logger.propagate = [_ToLogFile()], False
+    try:
+        yield
+    finally:
+        for logger, (handlers, propagate) in zip(loggers, saved):
+            logger.handlers, logger.propagate = handlers, propagate
