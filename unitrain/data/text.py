@@ -31,7 +31,7 @@ import numpy as np
 
 from unitrain.errors import ConfigError
 from unitrain.host.atomic import replace_text
-from unitrain.host.cache import cache_root
+from unitrain.host.cache import cache_dir as cache_folder
 
 #: Bytes read at a time: memory stays bounded whatever the corpus's size.
 CHUNK_BYTES = 1 << 20
@@ -724,14 +724,14 @@ def load_text(
     when data.block_size is unset; ``max_block_size``: the longest the model takes; ``run_dir``:
     where the tokenizer is saved (and found again on resume); ``tokenizer_file``: a saved
     tokenizer to use instead of making one; ``cache_dir``: the token cache (default
-    ``cache_root()/text``). Every refusal is one ConfigError, raised before anything is written."""
+    ``cache_root()/text``, made here). Every refusal is one ConfigError, raised before anything is written."""
     check_text_config(cfg, max_block_size)
     block = resolve_block_size(cfg, block_size, max_block_size)
     corpus = check_text_files(cfg)
     start = held_out_start(corpus.chars, cfg.val_fraction)
     if str(cfg.tokenizer) == "char":
         _check_splits(cfg, block, start, corpus.chars - start)  # tokens are characters: known already
-    cache = Path(cache_dir) if cache_dir is not None else cache_root() / "text"
+    cache = Path(cache_dir) if cache_dir is not None else cache_folder("text")
     plan = plan_tokenizer(
         cfg, corpus, start, Path(run_dir) if run_dir else None, Path(tokenizer_file) if tokenizer_file else None, cache
     )

@@ -20,15 +20,18 @@ import hashlib
 import importlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 
 from unitrain.errors import ConfigError, Refusal
+from unitrain.host.cache import cache_dir
 from unitrain.host.machine import unitrain_version
 from unitrain.interface.translate import FileTranslation, Unconverted, translate_module
 
@@ -39,6 +42,10 @@ UNCONVERTED = "unconverted.txt"
 #: A run's own copy of its converted tree, in its run directory: what its checkpoints were
 #: trained with, so an export or a quantization months later builds that model, not today's code.
 RUN_COPY = "converted"
+#: {file: sha256} of a cached tree, written last: an entry is used only as it was written.
+CONTENTS = "contents.json"
+
+log = logging.getLogger("unitrain")
 
 
 class ConversionRefused(Refusal):
@@ -86,13 +93,6 @@ def did_you_mean(name: str, names: List[str]) -> str:
     """`` (no 'x' there; did you mean 'y'?)``: for a misspelt function name."""
     close = difflib.get_close_matches(name, [n for n in names if not n.startswith("_")], n=1)
     return f" (no {name!r} there; did you mean {close[0]!r}?)" if close else f" (no {name!r} there)"
-
-
-def cache_root() -> Path:
-    if os.environ.get("UNITRAIN_CACHE"):
-        return Path(os.environ["UNITRAIN_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "unitrain"
 
 
 def find_source(key: str, path: str) -> Source:
@@ -252,7 +252,12 @@ def translate(source: Source, backend: str, *, refuse: bool = True) -> Translati
     converter = module.converter_version()
     key = _digest(source, converter, module)
     alias = f"unitrain_converted_{key}"
-    directory = cache_root() / "converted" / key
+    directory = cache_dir("converted") / key
+    if directory.exists():
+        damaged = _damaged(directory)
+        if damaged:
+            log.warning("the cached conversion %s %s: converting %s again", directory, damaged, source.module)
+            _discard(directory)
     if not (directory / REPORT).exists():
         check_syntax(source)
         _convert_into(directory, alias, source, module, f"model.{backend}")
@@ -277,8 +282,55 @@ def check_syntax(source: Source) -> None:
             ) from None
 
 
+def _contents(directory: Path) -> Dict[str, str]:
+    """{file: sha256} of a converted tree, what Python writes when it imports it left out."""
+    return {
+        str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file() and p.name != CONTENTS and "__pycache__" not in p.parts
+    }
+
+
+def _damaged(directory: Path) -> Optional[str]:
+    """None where a cached tree holds what was written, else what is not so (a file edited,
+    truncated or deleted since: it would be imported as the conversion)."""
+    try:
+        written = json.loads((directory / CONTENTS).read_text())
+    except (OSError, ValueError):
+        return f"has no readable {CONTENTS} (unfinished, or written before entries were verified)"
+    found = _contents(directory)
+    for name, digest in written.items():
+        if name not in found:
+            return f"lost {name}"
+        if found[name] != digest:
+            return f"holds {name} changed since it was written"
+    return None
+
+
+def _discard(directory: Path) -> None:
+    """A damaged entry out of the way (renamed first: another process may be reading the name)."""
+    stale = Path(tempfile.mkdtemp(prefix=".stale-", dir=directory.parent))
+    try:
+        directory.rename(stale / directory.name)
+    except OSError:  # another process moved it first
+        pass
+    shutil.rmtree(stale, ignore_errors=True)
+
+
+def _clean_leftovers(root: Path, older_than_s: float = 86400) -> None:
+    """What killed conversions left (``.converting-*``, ``.stale-*``), once nothing can still be
+    writing it: older than a day."""
+    now = time.time()
+    for path in [*root.glob(".converting-*"), *root.glob(".stale-*")]:
+        try:
+            if now - path.stat().st_mtime > older_than_s:
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:
+            continue
+
+
 def _convert_into(directory: Path, alias: str, source: Source, module: Any, key: str) -> None:
-    directory.parent.mkdir(parents=True, exist_ok=True)
+    _clean_leftovers(directory.parent)
     tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=directory.parent))
     try:
         (tmp / alias).mkdir()
@@ -310,6 +362,7 @@ def _convert_into(directory: Path, alias: str, source: Source, module: Any, key:
         }
         (tmp / UNCONVERTED).write_text("".join(f"{u['file']}:{u['line']}: {u['api']}\n" for u in unconverted))
         (tmp / REPORT).write_text(json.dumps(report, indent=2))
+        (tmp / CONTENTS).write_text(json.dumps(_contents(tmp), indent=1))  # last: the entry is whole
         try:
             tmp.rename(directory)
         except OSError:  # another process cached the same tree meanwhile
