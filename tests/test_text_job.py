@@ -334,3 +334,21 @@ def test_parity_with_adamw_within_1e_4_over_ten_steps(model, corpus, tmp_path):
     )
     report = run_parity(cfg, tmp_path)
     assert report["optimizer"] == "adamw" and report["passed"] and report["max_rel_loss_diff"] <= 1e-4
+
+
+def test_a_token_cache_that_cannot_be_written_is_one_line_and_leaves_no_folder(corpus, tmp_path):
+    """UNITRAIN_CACHE under /proc: refused when the job makes its token cache, after Hydra made
+    the run's folders in the default layout (runs/<date>/<time>): all of them go."""
+    import os
+    import subprocess
+    import sys
+
+    job = ["backend=torch", "model=gpt_nano", "data=text", f"data.path={corpus}", "trainer.steps=2"]
+    env = {**os.environ, "UNITRAIN_CACHE": "/proc/unitrain-cache"}
+    done = subprocess.run(
+        [sys.executable, "-m", "unitrain", *job], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    last = done.stderr.strip().splitlines()[-1]
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert last.startswith("unitrain: error: UNITRAIN_CACHE='/proc/unitrain-cache' is not allowed: ")
+    assert not (tmp_path / "runs").exists()

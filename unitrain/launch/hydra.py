@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import sys
 from importlib import resources
@@ -145,3 +146,18 @@ def discard_refused(run_dir: Path) -> None:
         for p in ours:
             shutil.rmtree(p) if p.is_dir() else p.unlink()
         folder.rmdir()
+    _discard_empty_default_parents(run_dir)
+
+
+def _discard_empty_default_parents(run_dir: Path) -> None:
+    """The default layout's folders Hydra made for this run alone (``runs/<date>/``, ``runs/``;
+    a sweep's ``multirun/<date>/``), once empty: only folders named as that layout names them."""
+    for folder in list(run_dir.parents)[:3]:
+        if not folder.exists():
+            continue  # the sweep's folder, gone already
+        dated = re.fullmatch(r"\d{4}-\d\d-\d\d", folder.name)
+        if not (dated or folder.name in ("runs", "multirun")) or any(folder.iterdir()):
+            return
+        folder.rmdir()
+        if not dated:
+            return
