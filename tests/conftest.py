@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, Set
+from typing import Dict, List, Set
 
 import pytest
 
@@ -62,14 +62,20 @@ class CliResult:
 
 
 def run_unitrain(
-    args: List[str], tmp_path: Path, module: str = "unitrain", timeout: int = 300, python: str | None = None
+    args: List[str],
+    tmp_path: Path,
+    module: str = "unitrain",
+    timeout: int = 300,
+    python: str | None = None,
+    env: Dict[str, str] | None = None,
 ) -> CliResult:
     """Run ``python -m unitrain`` as a user would, from outside the source tree, into tmp_path
-    (``python``: another environment's interpreter, e.g. the parameter-server one)."""
+    (``python``: another environment's interpreter, e.g. the parameter-server one; ``env``:
+    variables set for it)."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     run_dir = tmp_path / "run"
     hydra_dirs = [f"hydra.run.dir={run_dir}", f"hydra.sweep.dir={tmp_path / 'multirun'}"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", PLANTED: PLANTED_VALUE}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", PLANTED: PLANTED_VALUE, **(env or {})}
     proc = subprocess.run(
         [python or sys.executable, "-m", module, *args, *hydra_dirs],
         cwd=tmp_path,

@@ -146,6 +146,7 @@ def test_mlflows_own_server_shows_the_sweep_and_a_browser_renders_it(tracked_swe
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its workers go with it
+        cwd=tmp_path,  # where it keeps the artifacts sent to it
     )
     try:
         url = f"http://127.0.0.1:{port}"
@@ -181,9 +182,24 @@ def test_mlflows_own_server_shows_the_sweep_and_a_browser_renders_it(tracked_swe
         assert shot.exists() and shot.stat().st_size > 20_000  # the page, not its loading skeleton
         if os.environ.get("UNITRAIN_DOC_IMAGES"):
             shutil.copy(shot, os.environ["UNITRAIN_DOC_IMAGES"])
+        _a_job_tracked_with_credentials_records_none(port, tmp_path / "job")
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
+
+
+def _a_job_tracked_with_credentials_records_none(port: int, root) -> None:
+    """A server URI with a user and password, as MLflow's client takes it: the job is tracked
+    there, and the password is in no file of the run and in no param or tag of its MLflow run."""
+    uri = f"http://unitrain:s3cret-pw@127.0.0.1:{port}"
+    done = run_unitrain(["backend=torch", *JOB], root, env={"MLFLOW_TRACKING_URI": uri})
+    assert done.returncode == 0, done.stderr[-2000:]
+    record = json.loads((done.run_dir / "mlflow.json").read_text())
+    assert record["uri"] == f"http://127.0.0.1:{port}"
+    assert [p for p in done.run_dir.rglob("*") if p.is_file() and b"s3cret-pw" in p.read_bytes()] == []
+    run = _client(record["uri"]).get_run(record["run_id"])
+    assert run.info.status == "FINISHED"
+    assert not any("s3cret-pw" in str(v) for v in [*run.data.params.values(), *run.data.tags.values()])
 
 
 @pytest.mark.parametrize(
@@ -191,8 +207,21 @@ def test_mlflows_own_server_shows_the_sweep_and_a_browser_renders_it(tracked_swe
     [
         ("http://127.0.0.1:{port}", "a tracking server that answers (it did not:"),
         ("ftp://example.org/x", "an http(s):// server or a database URI such as sqlite:///path"),
+        ("file:///tmp/mlruns", "MLflow 3 refuses its filesystem backend"),
+        ("sqlite:////proc/mlflow.db", "an SQLite file this user can write; /proc cannot be written"),
+        ("sqlite:////nowhere/at/all/mlflow.db", "/nowhere/at/all is not a folder"),
+        ("postgresql://u:s3cret@127.0.0.1/db", "postgresql needs psycopg2: pip install psycopg2-binary"),
+        ("mysql://u:s3cret@127.0.0.1/db", "mysql needs MySQLdb: pip install mysqlclient"),
     ],
-    ids=["unreachable", "unknown scheme"],
+    ids=[
+        "unreachable",
+        "unknown scheme",
+        "file store",
+        "sqlite unwritable",
+        "sqlite no folder",
+        "no psycopg2",
+        "no mysql",
+    ],
 )
 def test_a_tracking_uri_that_cannot_be_used_is_one_line_before_anything_runs(tmp_path, monkeypatch, uri, expected):
     from unitrain.host.ports import free_port
@@ -200,11 +229,36 @@ def test_a_tracking_uri_that_cannot_be_used_is_one_line_before_anything_runs(tmp
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri.format(port=free_port()))
     said = refusal(["backend=torch", *JOB], tmp_path)
     assert said is not None and said.startswith("unitrain: error: MLFLOW_TRACKING_URI=") and expected in said, said
-    assert "\n" not in said and not os.listdir(tmp_path)
+    assert "\n" not in said and "s3cret" not in said and not os.listdir(tmp_path)
 
 
-def test_a_server_uris_credentials_are_never_recorded():
+@pytest.mark.parametrize(
+    "uri, public",
+    [
+        ("https://user:s3cret@mlflow.example.org:5000/x", "https://mlflow.example.org:5000/x"),
+        ("http://user:s3cret@127.0.0.1:5078", "http://127.0.0.1:5078"),
+        ("postgresql://user:s3cret@db.example.org:5432/mlflow", "postgresql://db.example.org:5432/mlflow"),
+        ("postgresql+psycopg2://user:s3cret@db/mlflow", "postgresql+psycopg2://db/mlflow"),
+        ("mysql+pymysql://user:s3cret@db/mlflow", "mysql+pymysql://db/mlflow"),
+        ("mssql+pyodbc://user:s3cret@db/mlflow?driver=x", "mssql+pyodbc://db/mlflow?driver=x"),
+        ("databricks://profile", "databricks://profile"),
+        ("sqlite:////tmp/mlflow.db", "sqlite:////tmp/mlflow.db"),
+    ],
+)
+def test_credentials_are_never_recorded_whatever_the_scheme(uri, public):
     from unitrain.train.tracking import public_uri
 
-    assert public_uri("https://user:s3cret@mlflow.example.org:5000/x") == "https://mlflow.example.org:5000/x"
-    assert public_uri("sqlite:////tmp/mlflow.db") == "sqlite:////tmp/mlflow.db"
+    assert public_uri(uri) == public
+
+
+def test_artifacts_go_beside_a_named_sqlite_store_not_to_the_working_folder(tmp_path, monkeypatch):
+    from unitrain.train.tracking import artifact_location
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/store/mlflow.db")
+    assert artifact_location(tmp_path / "runs") == (tmp_path / "store" / "mlartifacts").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgresql://db/mlflow")
+    assert artifact_location(tmp_path / "runs") == (tmp_path / "runs" / "mlartifacts").as_uri()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
+    assert artifact_location(tmp_path / "runs") is None  # the server keeps them
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert artifact_location(tmp_path / "runs") == (tmp_path / "runs" / "mlartifacts").as_uri()

@@ -15,6 +15,7 @@ credentials.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import logging
@@ -32,7 +33,7 @@ from typing import Any, Dict, Iterator, List, Literal, Optional, Tuple
 from omegaconf import OmegaConf
 
 from unitrain.errors import BackendUnavailableError, ConfigError, NothingLeftToRun, Refusal, Stopped
-from unitrain.host.atomic import replace_text
+from unitrain.host.atomic import cannot_create_in, replace_text
 from unitrain.host.console import RUN_LOG
 from unitrain.host.machine import unitrain_version
 
@@ -100,46 +101,142 @@ def tracking_uri(root: Path) -> str:
     return os.environ.get(ENV_URI) or f"sqlite:///{(Path(root) / STORE).resolve()}"
 
 
+#: The database dialects MLflow stores runs in, as SQLAlchemy names them (``dialect+driver://``).
+DATABASES = ("sqlite", "postgresql", "mysql", "mssql")
+#: The pip package of a database driver whose module is not the package's name.
+_DRIVER_PACKAGES = {"psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient", "pymysql": "PyMySQL"}
+
+
 def public_uri(uri: str) -> str:
-    """``uri`` without the user and password a server URI may carry."""
+    """``uri`` without the user and password any URI may carry (a server's, a database's)."""
     parts = urllib.parse.urlsplit(uri)
-    if parts.scheme in ("http", "https") and "@" in parts.netloc:
+    if "@" in parts.netloc:
         return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
     return uri
 
 
+def _dialect(uri: str) -> str:
+    return urllib.parse.urlsplit(uri).scheme.split("+")[0]
+
+
 def check_reachable() -> None:
-    """MLflow is installed and a tracking server named by the environment answers, or the job
-    stops before it starts."""
+    """MLflow is installed and the store the environment names can be used: a server answers,
+    an SQLite file can be written, a database's driver is installed; else the job stops in one
+    line before it starts."""
     _mlflow()
     uri = os.environ.get(ENV_URI)
     if not uri:
         return
-    parts = urllib.parse.urlsplit(uri)
-    if parts.scheme in ("http", "https"):
-        try:
-            urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5).close()
-        except (urllib.error.URLError, OSError, ValueError) as err:
-            reason = getattr(err, "reason", err)
-            raise ConfigError(
-                ENV_URI,
-                public_uri(uri),
-                f"a tracking server that answers (it did not: {reason}), or unset for an SQLite file in the run tree",
-            ) from None
-    elif parts.scheme not in ("sqlite", "postgresql", "mysql", "mssql", "file", "databricks"):
+    scheme = urllib.parse.urlsplit(uri).scheme
+    if scheme in ("http", "https"):
+        _check_server(uri)
+    elif scheme == "file":
+        raise ConfigError(
+            ENV_URI,
+            public_uri(uri),
+            "a database or server URI (MLflow 3 refuses its filesystem backend: it is in maintenance mode); "
+            "sqlite:///path/mlflow.db keeps runs in one file",
+        )
+    elif _dialect(uri) == "sqlite":
+        _check_sqlite(uri)
+    elif _dialect(uri) in DATABASES:
+        _check_driver(uri)
+    elif scheme != "databricks":
         raise ConfigError(ENV_URI, public_uri(uri), "an http(s):// server or a database URI such as sqlite:///path")
+
+
+def _check_server(uri: str) -> None:
+    """The server's /health answers; a user and password in the URI (which MLflow's client
+    sends) go as HTTP basic authentication, never in the URL asked."""
+    parts = urllib.parse.urlsplit(uri)
+    request = urllib.request.Request(public_uri(uri).rstrip("/") + "/health")
+    if "@" in parts.netloc:
+        user, _, password = parts.netloc.rpartition("@")[0].partition(":")
+        token = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()
+        request.add_header("Authorization", "Basic " + base64.b64encode(token).decode())
+    try:
+        urllib.request.urlopen(request, timeout=5).close()
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        reason = getattr(err, "reason", err)
+        raise ConfigError(
+            ENV_URI,
+            public_uri(uri),
+            f"a tracking server that answers (it did not: {reason}), or unset for an SQLite file in the run tree",
+        ) from None
+
+
+def _sqlite_file(uri: str) -> Optional[Path]:
+    """The file an sqlite URI names (None: an in-memory database)."""
+    path = uri.split("://", 1)[1][1:] if "://" in uri else ""
+    return Path(path) if path and path != ":memory:" else None
+
+
+def _check_sqlite(uri: str) -> None:
+    """The SQLite file exists and can be written, or can be made (SQLite makes no folders;
+    MLflow retries a file it cannot open for minutes)."""
+    path = _sqlite_file(uri)
+    if path is None:
+        raise ConfigError(ENV_URI, uri, "an SQLite file (sqlite:///path/mlflow.db): an in-memory store keeps nothing")
+    why = None
+    if path.exists():
+        try:
+            with open(path, "ab"):
+                pass
+        except OSError as err:
+            why = f"{path} cannot be written ({err.strerror or err})"
+    elif not path.parent.is_dir():
+        why = f"{path.parent} is not a folder"
+    else:
+        reason = cannot_create_in(path.parent)
+        why = f"{path.parent} cannot be written ({reason})" if reason else None
+    if why:
+        raise ConfigError(ENV_URI, uri, f"an SQLite file this user can write; {why}")
+
+
+def _check_driver(uri: str) -> None:
+    """The database's driver is installed (SQLAlchemy names it from the URI: ``postgresql://``
+    means psycopg2, ``mysql://`` mysqlclient, ``mssql://`` pyodbc)."""
+    from sqlalchemy.engine import make_url
+
+    try:
+        dialect = make_url(uri).get_dialect()
+        load = getattr(dialect, "import_dbapi", None) or dialect.dbapi
+        load()
+    except ImportError as err:
+        module = (err.name or str(err)).split(".")[0]
+        package = _DRIVER_PACKAGES.get(module, module)
+        raise ConfigError(
+            ENV_URI,
+            public_uri(uri),
+            f"a database whose driver is installed; {_dialect(uri)} needs {module}: pip install {package}",
+        ) from None
+    except Exception as err:  # noqa: BLE001 - SQLAlchemy's words for a URI it cannot read
+        raise ConfigError(ENV_URI, public_uri(uri), f"a database URI SQLAlchemy reads ({err})") from None
 
 
 def _experiment(client: Any, name: str, root: Path) -> str:
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
-    # A local store keeps its artifacts beside it, not in the folder the command ran from.
-    location = None if os.environ.get(ENV_URI) else (Path(root) / ARTIFACTS).resolve().as_uri()
+    location = artifact_location(root)
     try:
         return client.create_experiment(name, artifact_location=location)
     except Exception:  # noqa: BLE001 - another job of the sweep created it meanwhile
         return client.get_experiment_by_name(name).experiment_id
+
+
+def artifact_location(root: Path) -> Optional[str]:
+    """Where a new experiment's files go: beside an SQLite store (the run tree's own, or the
+    file the environment names), in the run tree for another database, where a server keeps
+    them (None) for a server. Never MLflow's default, ./mlruns of the folder the command ran in."""
+    uri = os.environ.get(ENV_URI)
+    if not uri:
+        return (Path(root) / ARTIFACTS).resolve().as_uri()
+    if _dialect(uri) == "sqlite" and _sqlite_file(uri) is not None:
+        return (_sqlite_file(uri).resolve().parent / ARTIFACTS).as_uri()
+    if _dialect(uri) in DATABASES:
+        return (Path(root) / ARTIFACTS).resolve().as_uri()
+    return None
 
 
 def experiment_name(root: Path, sweep: bool) -> str:
