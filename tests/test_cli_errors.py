@@ -37,7 +37,20 @@ from conftest import BACKENDS, FAST, refusal
         ),
         (["dist.shared_dir=relative/dir"], "dist.shared_dir='relative/dir' is not allowed: an absolute path"),
         (["dist.shared_dir=''"], "dist.shared_dir='' is not allowed"),
-        (["dist.shared_dir=/no/such/dir"], "dist.shared_dir='/no/such/dir' is not allowed: an absolute path"),
+        (
+            ["dist.shared_dir=/no/such/dir", "trainer.checkpoint_every=1"],
+            "dist.shared_dir='/no/such/dir' is not allowed: an absolute path",
+        ),
+        # Settings nothing would read: refused, not ignored.
+        (["dist.shared_dir=/tmp"], "dist.shared_dir='/tmp' is not allowed: unset on one node without checkpoints"),
+        (["dist.ps.merge_pushes=4"], "dist.ps.merge_pushes=4 is not allowed: unset with dist.mode=collective"),
+        (["dist.ps.servers=3"], "dist.ps.servers=3 is not allowed: unset with dist.mode=collective"),
+        (
+            ["objective.metric=time_to_target", "objective.target=0.5"],
+            "objective.metric='time_to_target' is not allowed without a search",
+        ),
+        (["objective.target=0.5"], "objective.target=0.5 is not allowed: null with objective.metric=heldout"),
+        (["-m", "trainer.seed=1,2", "objective.metric=time_to_target", "objective.target=0.5"], "without a search"),
         (["dist.ps.shared_dir=/tmp"], "dist.ps.shared_dir is not a config key"),
         (["dist.max_restarts=-1"], "dist.max_restarts=-1 is not allowed: an integer >= 0"),
         (["dist.nproc_per_node=0"], "dist.nproc_per_node=0 is not allowed: a finite number > 0"),

@@ -288,6 +288,13 @@ def _check_dist(cfg: UnitrainConfig) -> None:
             "dist.max_restarts", dist.max_restarts, f"at most {MAX_RESTARTS} (restarts of failed workers in one job)"
         )
     _check_shared_dir(dist)
+    if dist.shared_dir is not None and dist.nnodes == 1 and not cfg.trainer.checkpoint_every and not dist.max_restarts:
+        raise ConfigError(
+            "dist.shared_dir",
+            dist.shared_dir,
+            "unset on one node without checkpoints or restarts (it holds the job's checkpoints: read with "
+            "trainer.checkpoint_every, dist.max_restarts or dist.nnodes > 1)",
+        )
     if dist.max_restarts and dist.nnodes > 1 and not dist.shared_dir:
         # A restarted worker on another node resumes from the checkpoint rank 0 wrote.
         raise ConfigError(

@@ -3,6 +3,7 @@ data parallel through the framework's launcher, every process running the one tr
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import logging
 import os
@@ -10,7 +11,9 @@ import shlex
 from pathlib import Path
 from typing import Any, Dict
 
-from unitrain.config.schema import DATASET_NAMES, PS_DATASETS, PS_MODELS, ModelInit, UnitrainConfig
+from omegaconf import OmegaConf
+
+from unitrain.config.schema import DATASET_NAMES, PS_DATASETS, PS_MODELS, ModelInit, PsConfig, UnitrainConfig
 from unitrain.config.validation import check_image_model, one_of
 from unitrain.data.datasets import has_held_out
 from unitrain.data.text import check_text_files
@@ -41,6 +44,21 @@ from unitrain.train.parity import check_converted
 from unitrain.train.trainer import train
 
 log = logging.getLogger("unitrain")
+
+
+def _check_ps_unread(ps: Any) -> None:
+    """dist.ps.* as the schema has it: a data-parallel job reads none of it."""
+    defaults = PsConfig()
+    for key in (f.name for f in dataclasses.fields(PsConfig)):
+        value = getattr(ps, key)
+        value = OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
+        if value != getattr(defaults, key):
+            shown = list(value) if isinstance(value, (list, tuple)) else value
+            raise ConfigError(
+                f"dist.ps.{key}",
+                shown,
+                "unset with dist.mode=collective (only parameter-server jobs, dist=ps, read dist.ps.*)",
+            )
 
 
 class CollectiveJob:
@@ -77,6 +95,7 @@ class CollectiveJob:
                 f"one of {', '.join(DATASET_NAMES)} with dist.mode=collective ({cfg.data.name} is for dist.mode=ps)",
             )
         one_of("optim.name", cfg.optim.name, OPTIMIZERS)
+        _check_ps_unread(cfg.dist.ps)
         if cfg.trainer.eval_every and not has_held_out(cfg.data):
             raise ConfigError(
                 "trainer.eval_every",

@@ -21,6 +21,7 @@ from hydra.errors import OverrideParseException
 from omegaconf import BooleanNode, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
+from unitrain.config.schema import ObjectiveConfig
 from unitrain.data.datasets import DATASETS, has_held_out
 from unitrain.errors import UnitrainError
 from unitrain.host.threads import available_cores
@@ -237,6 +238,8 @@ def check(
     cfgs = _composed(config_module, config_name, runs)
     for run, cfg in zip(runs, cfgs):
         _check_values(run, cfg, validate)
+        if config_name == "config":
+            _check_objective_unread(cfg)
         if multirun:
             sweep_dir = Path(OmegaConf.select(cfg, "hydra.sweep.dir")).resolve()
             _writable_dir("hydra.sweep.dir", sweep_dir)
@@ -258,6 +261,18 @@ def check(
                 "this run would replace; allowed: a new directory, or trainer.resume=<that run dir> to continue it"
             )
     return {}
+
+
+def _check_objective_unread(cfg: DictConfig) -> None:
+    """objective.* as the schema has it: only a search (hydra/sweeper=optuna) reads a job's
+    objective; a run or a grid would ignore it."""
+    defaults = OmegaConf.structured(ObjectiveConfig)
+    for key in defaults:
+        if cfg.objective[key] != defaults[key]:
+            raise PreflightError(
+                f"objective.{key}={OmegaConf.to_container(cfg.objective)[key]!r} is not allowed without a search: only "
+                "hydra/sweeper=optuna reads it; allowed: unset, or a search (-m hydra/sweeper=optuna with a dimension)"
+            )
 
 
 def _check_search(
