@@ -73,6 +73,8 @@ def test_one_class_folder_is_refused_in_one_line(unitrain_cli, tmp_path):
     )
 
 
+# Slow by the fast suite's budget (two processes starting): make test stays under 12 minutes.
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_bad_file_in_data_parallel_is_the_same_one_line_and_leaves_no_run_directory(backend, unitrain_cli, tmp_path):
     victim = image_folder(tmp_path / "data", "truncated")

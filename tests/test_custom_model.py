@@ -229,6 +229,8 @@ def test_halves_that_do_not_match_are_one_line_naming_the_parameter(tmp_path):
     assert "hidden.weight (32, 16) cannot be matched" in line and "fc1.weight, is (64, 16)" in line, line
 
 
+# Slow by the fast suite's budget (10 s each, two processes starting): make test stays under 12 minutes.
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_the_pair_trains_data_parallel_with_amp(backend, tmp_path):
     # The launchers start workers by script path: the user's package is still found from the

@@ -80,7 +80,13 @@ def test_both_frameworks_train_the_gpt_alike_from_the_same_weights(runs):
     torch_losses = np.array([r["loss"] for r in torch_run.metrics()])
     paddle_losses = np.array([r["loss"] for r in paddle_run.metrics()])
     assert len(torch_losses) == len(paddle_losses) == STEPS
-    assert np.max(np.abs(paddle_losses - torch_losses) / torch_losses) < 1e-4
+    apart = np.abs(paddle_losses - torch_losses) / torch_losses
+    # unitrain.parity's bound over its 10 steps. Later, AdamW (which divides each weight's step by
+    # its own gradient's size) has moved a weight whose gradient is rounding-level by up to lr one
+    # way in one framework and the other way in the other; the batches that use it show it (on
+    # this repository's docs, steps 18-19: 6e-6 and 1.2e-4, and the same data: momentum gives
+    # 1e-7 at every step). A wrong update rule is off by far more from the second step.
+    assert np.max(apart[:10]) < 1e-4 and np.median(apart) < 1e-6 and np.max(apart) < 1e-3, apart
     assert torch_losses[-1] < torch_losses[0] - 0.3  # it learns
     held = [r.summary()["eval"]["val_loss"] for r in (torch_run, paddle_run)]
     assert abs(held[0] - held[1]) / held[0] < 1e-4
