@@ -75,6 +75,8 @@ def test_epochs_and_imagefolder(unitrain_cli, tmp_path):
     assert result.summary()["num_classes"] == 2
 
 
+# Slow by the fast suite's budget (loader worker processes starting): make test under 12 minutes.
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_loader_workers_give_the_same_training(backend, unitrain_cli, tmp_path):
     from conftest import run_unitrain
