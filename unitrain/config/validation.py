@@ -10,9 +10,12 @@ checked beside them, by ``unitrain.jobs.select.validate``.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional, Tuple
+
+from omegaconf import OmegaConf
 
 from unitrain.config.schedule import BatchPlan
 from unitrain.config.schema import (
@@ -313,6 +316,19 @@ def _check_dist(cfg: UnitrainConfig) -> None:
             f"at least 2 samples per device and micro-step (this gives {micro}): BatchNorm cannot train on one sample; "
             "or model.freeze_bn=true",
         )
+
+
+def changed_from_schema(group: Any, schema: type) -> Optional[Tuple[str, Any]]:
+    """The first key of a config group whose value is not its schema's default, with that value
+    (a list as a list); None where every key is as the schema has it: how a group that a job
+    does not read is told apart from one the user set."""
+    defaults = schema()
+    for field in dataclasses.fields(schema):
+        value = getattr(group, field.name)
+        value = OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
+        if value != getattr(defaults, field.name):
+            return field.name, list(value) if isinstance(value, (list, tuple)) else value
+    return None
 
 
 def _check_shared_dir(dist: DistConfig) -> None:

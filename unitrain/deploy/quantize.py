@@ -53,9 +53,11 @@ from unitrain.host.machine import cpu
 from unitrain.interface.backend import Backend, get_backend
 from unitrain.interface.quantize import QuantizeModule, Saved, quantize_module
 from unitrain.model.build import build_model
+from unitrain.model.custom import CustomModel
 from unitrain.model.transfer import checkpoint_model, weights_for
 from unitrain.model.weights import Arrays
 from unitrain.report.quantize import RESULT, markdown, plot, table
+from unitrain.spec.models import ViTSpec
 from unitrain.train.checkpoint import checkpoint_run_dir, find_checkpoint, read_image_meta, read_model_arrays
 from unitrain.train.trainer import Trainer
 
@@ -173,6 +175,10 @@ class Quantization:
     reduce_range: bool
     out_dir: Path
 
+    def model(self) -> "str | ViTSpec | CustomModel":
+        """The checkpoint's model, as build_model takes it (a converted half: its run's copy)."""
+        return checkpoint_model(self.meta, checkpoint_run_dir(self.checkpoint))
+
     @property
     def classes(self) -> int:
         if artifacts.is_text(self.job) and self.meta.get("num_classes"):
@@ -270,10 +276,7 @@ def quantize(cfg: QuantizeConfig, out_dir: Path) -> Dict[str, Any]:
             shutil.copyfile(fp32_dir / name, int8_dir / name)
     how = q.settings()
     weights = weights_for(
-        read_model_arrays(q.checkpoint),
-        meta,
-        q.backend,
-        build_model(q.backend, checkpoint_model(meta, checkpoint_run_dir(q.checkpoint)), q.classes),
+        read_model_arrays(q.checkpoint), meta, q.backend, build_model(q.backend, q.model(), q.classes)
     )
     if cfg.method == "qat":
         saved, how["qat"] = quantization_aware_training(q, weights, int8_dir)
@@ -296,7 +299,7 @@ def quantize(cfg: QuantizeConfig, out_dir: Path) -> Dict[str, Any]:
 
 
 def _post_training(q: Quantization, weights: Arrays, int8_dir: Path) -> Saved:
-    model = build_model(q.backend, checkpoint_model(q.meta, checkpoint_run_dir(q.checkpoint)), q.classes)
+    model = build_model(q.backend, q.model(), q.classes)
     q.backend.load_state_arrays(model, weights)
     print(f"{q.cfg.method} quantization in {q.framework} ...", flush=True)
     try:
@@ -456,7 +459,7 @@ def quantization_aware_training(q: Quantization, weights: Arrays, int8_dir: Path
         flush=True,
     )
     # A user's pair as the checkpoint records it (a converted half: the run's copy); else the config's.
-    model = checkpoint_model(q.meta, checkpoint_run_dir(q.checkpoint)) if q.meta.get("custom") else None
+    model = q.model() if q.meta.get("custom") else None
     summary = Trainer(qat_cfg, q.backend, run_dir, q.threads, prepare_model=prepare, model=model).fit()
     saved = q.toolkit.save_qat(prepared[0], int8_dir / q.stem, example, q.cfg.batches)
     final = summary.get("final") or {}

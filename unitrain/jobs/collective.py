@@ -3,7 +3,6 @@ data parallel through the framework's launcher, every process running the one tr
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import logging
 import os
@@ -11,10 +10,8 @@ import shlex
 from pathlib import Path
 from typing import Any, Dict
 
-from omegaconf import OmegaConf
-
 from unitrain.config.schema import DATASET_NAMES, PS_DATASETS, PS_MODELS, ModelInit, PsConfig, UnitrainConfig
-from unitrain.config.validation import check_image_model, one_of
+from unitrain.config.validation import changed_from_schema, check_image_model, one_of
 from unitrain.data.datasets import has_held_out
 from unitrain.data.text import check_text_files
 from unitrain.errors import ConfigError
@@ -48,17 +45,14 @@ log = logging.getLogger("unitrain")
 
 def _check_ps_unread(ps: Any) -> None:
     """dist.ps.* as the schema has it: a data-parallel job reads none of it."""
-    defaults = PsConfig()
-    for key in (f.name for f in dataclasses.fields(PsConfig)):
-        value = getattr(ps, key)
-        value = OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
-        if value != getattr(defaults, key):
-            shown = list(value) if isinstance(value, (list, tuple)) else value
-            raise ConfigError(
-                f"dist.ps.{key}",
-                shown,
-                "unset with dist.mode=collective (only parameter-server jobs, dist=ps, read dist.ps.*)",
-            )
+    changed = changed_from_schema(ps, PsConfig)
+    if changed:
+        key, value = changed
+        raise ConfigError(
+            f"dist.ps.{key}",
+            value,
+            "unset with dist.mode=collective (only parameter-server jobs, dist=ps, read dist.ps.*)",
+        )
 
 
 class CollectiveJob:

@@ -9,7 +9,6 @@ schema, and the run directory is checked while nothing has been written yet.
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, List, Optional
@@ -22,8 +21,10 @@ from omegaconf import BooleanNode, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from unitrain.config.schema import ObjectiveConfig
+from unitrain.config.validation import changed_from_schema
 from unitrain.data.datasets import DATASETS, has_held_out
 from unitrain.errors import UnitrainError
+from unitrain.host.atomic import cannot_create_in
 from unitrain.host.threads import available_cores
 from unitrain.launch import search
 
@@ -116,16 +117,9 @@ def _writable_dir(key: str, path: Path) -> None:
     existing = path
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    try:
-        if not existing.is_dir():
-            raise NotADirectoryError(20, "Not a directory", str(existing))
-        probe = existing / f".unitrain-write-probe-{os.getpid()}"
-        probe.mkdir()
-        probe.rmdir()
-    except OSError as err:
-        raise PreflightError(
-            f"{key}={str(path)!r} is not allowed: {err.strerror or err}; allowed: a directory this user can write"
-        ) from None
+    why = cannot_create_in(existing) if existing.is_dir() else "Not a directory"
+    if why:
+        raise PreflightError(f"{key}={str(path)!r} is not allowed: {why}; allowed: a directory this user can write")
 
 
 def _earlier_results(folder: Path) -> Optional[Path]:
@@ -266,13 +260,13 @@ def check(
 def _check_objective_unread(cfg: DictConfig) -> None:
     """objective.* as the schema has it: only a search (hydra/sweeper=optuna) reads a job's
     objective; a run or a grid would ignore it."""
-    defaults = OmegaConf.structured(ObjectiveConfig)
-    for key in defaults:
-        if cfg.objective[key] != defaults[key]:
-            raise PreflightError(
-                f"objective.{key}={OmegaConf.to_container(cfg.objective)[key]!r} is not allowed without a search: only "
-                "hydra/sweeper=optuna reads it; allowed: unset, or a search (-m hydra/sweeper=optuna with a dimension)"
-            )
+    changed = changed_from_schema(cfg.objective, ObjectiveConfig)
+    if changed:
+        key, value = changed
+        raise PreflightError(
+            f"objective.{key}={value!r} is not allowed without a search: only hydra/sweeper=optuna reads it; "
+            "allowed: unset, or a search (-m hydra/sweeper=optuna with a dimension)"
+        )
 
 
 def _check_search(

@@ -39,6 +39,7 @@ from unitrain.model.translate import (
     ConversionRefused,
     Translation,
     did_you_mean,
+    factory_parts,
     find_source,
     run_copy,
     translate,
@@ -298,7 +299,7 @@ def resolve_factory(key: str, path: str) -> Any:
     # sys.path, not the folder the user ran the command from, where their package lives.
     if os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())
-    module_name, _, function = path.partition(":") if ":" in path else path.rpartition(".")
+    module_name, function = factory_parts(path)
     allowed = "an importable function (pkg.module:function)"
     if not module_name or not function:
         raise ConfigError(key, path, allowed)

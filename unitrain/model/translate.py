@@ -95,9 +95,15 @@ def did_you_mean(name: str, names: List[str]) -> str:
     return f" (no {name!r} there; did you mean {close[0]!r}?)" if close else f" (no {name!r} there)"
 
 
+def factory_parts(path: str) -> Tuple[str, str]:
+    """(module, function) of a factory path: ``pkg.module:function`` or Hydra's ``pkg.module.function``."""
+    module, _, function = path.partition(":") if ":" in path else path.rpartition(".")
+    return module, function
+
+
 def find_source(key: str, path: str) -> Source:
     """The files of the package (or module) a factory path names, found without importing it."""
-    module, _, function = path.partition(":") if ":" in path else path.rpartition(".")
+    module, function = factory_parts(path)
     allowed = "an import path pkg.module:function of your model's factory, found from the folder you run in"
     if not module or not function:
         raise ConfigError(key, path, allowed)
@@ -231,7 +237,7 @@ def run_copy(run_dir: Path, key: str, path: str) -> Optional[Translation]:
     if not (directory / REPORT).is_file() or len(aliases) != 1:
         return None
     report = json.loads((directory / REPORT).read_text())
-    module, _, function = path.partition(":") if ":" in path else path.rpartition(".")
+    module, function = factory_parts(path)
     origin = Path(report["source"])
     source = Source(
         key=key,
