@@ -246,13 +246,13 @@ def test_a_tracking_uri_that_cannot_be_used_is_one_line_before_anything_runs(tmp
     ],
 )
 def test_credentials_are_never_recorded_whatever_the_scheme(uri, public):
-    from unitrain.train.tracking import public_uri
+    from unitrain.tracking.mlflow_runs import public_uri
 
     assert public_uri(uri) == public
 
 
 def test_artifacts_go_beside_a_named_sqlite_store_not_to_the_working_folder(tmp_path, monkeypatch):
-    from unitrain.train.tracking import artifact_location
+    from unitrain.tracking.mlflow_runs import artifact_location
 
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/store/mlflow.db")
     assert artifact_location(tmp_path / "runs") == (tmp_path / "store" / "mlartifacts").as_uri()

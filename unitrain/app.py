@@ -21,7 +21,8 @@ from unitrain.jobs.select import job_kind, validate
 from unitrain.launch import search, slurm
 from unitrain.launch.hydra import discard_refused, hydra_entry
 from unitrain.report.training import table, write_report
-from unitrain.train import objective, tracking
+from unitrain.tracking import mlflow_runs
+from unitrain.train import objective
 from unitrain.train.trainer import out_of_memory
 
 register_configs()
@@ -83,7 +84,7 @@ def _run_tracked(kind: JobKind, cfg: DictConfig, run_dir: Path, fresh: bool) -> 
     if Logger.mlflow not in cfg.trainer.loggers or cfg.dist.node_rank != kind.summary_node(cfg):
         return kind.run(cfg, run_dir, fresh)
     sweep = Path(HydraConfig.get().sweep.dir) if HydraConfig.get().mode.name == "MULTIRUN" else None
-    with tracking.tracked(cfg, run_dir, sweep) as result:
+    with mlflow_runs.tracked(cfg, run_dir, sweep) as result:
         result["summary"] = kind.run(cfg, run_dir, fresh)
     return result["summary"]
 

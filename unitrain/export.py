@@ -24,7 +24,7 @@ from unitrain.errors import UnitrainError
 from unitrain.interface.export import FORMATS
 from unitrain.interface.modules import available_backends
 from unitrain.launch.arguments import OneLineParser
-from unitrain.train import tracking
+from unitrain.tracking import mlflow_runs
 
 
 def _csv(value: str, allowed: Sequence[str], key: str) -> List[str]:
@@ -97,10 +97,10 @@ def _track(out: Path) -> None:
     """The manifest joins the checkpoint's run in MLflow, when that run is tracked."""
     checkpoint = Path(artifacts.read_manifest(out)["source"]["checkpoint"])
     for folder in (checkpoint, *checkpoint.parents[:3]):
-        tracked = tracking.TrackedRun.read(folder)
+        tracked = mlflow_runs.TrackedRun.read(folder)
         if tracked is not None:
-            tracking.log_files(tracked, [out / artifacts.MANIFEST], "export")
-            print(f"MLflow: export.json logged to run {tracked.run_id} ({tracking.public_uri(tracked.uri)})")
+            mlflow_runs.log_files(tracked, [out / artifacts.MANIFEST], "export")
+            print(f"MLflow: export.json logged to run {tracked.run_id} ({mlflow_runs.public_uri(tracked.uri)})")
             return
 
 

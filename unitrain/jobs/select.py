@@ -11,7 +11,7 @@ from unitrain.jobs.collective import CollectiveJob
 from unitrain.jobs.kind import JobKind
 from unitrain.jobs.machine import check_machine
 from unitrain.jobs.parameter_server import ParameterServerJob
-from unitrain.train import tracking
+from unitrain.tracking import mlflow_runs
 
 KINDS: Dict[DistMode, JobKind] = {DistMode.collective: CollectiveJob(), DistMode.ps: ParameterServerJob()}
 
@@ -30,4 +30,4 @@ def validate(cfg: UnitrainConfig) -> None:
     kind.check_machine(cfg)
     kind.check_backend(cfg)
     if Logger.mlflow in cfg.trainer.loggers:
-        tracking.check_reachable()
+        mlflow_runs.check_reachable()

@@ -12,7 +12,7 @@ from unitrain.config.schema import Logger
 from unitrain.report import search as search_report
 from unitrain.report.runs import results_under
 from unitrain.report.training import write_report
-from unitrain.train import tracking
+from unitrain.tracking import mlflow_runs
 from unitrain.train.objective import searching
 
 
@@ -27,7 +27,7 @@ class ComparisonReport(Callback):
         if searching(config.hydra):
             search_report.record(config, sweep_dir)
         if Logger.mlflow in config.trainer.loggers:
-            tracking.start_sweep(config, sweep_dir)
+            mlflow_runs.start_sweep(config, sweep_dir)
         # hydra/launcher=joblib: a table of timings from jobs that shared the cores compares little.
         jobs = config.hydra.launcher.get("n_jobs")
         if jobs is not None and jobs != 1:
@@ -42,10 +42,10 @@ class ComparisonReport(Callback):
         if results_under(sweep_dir, "summary.json"):
             table = write_report([sweep_dir])
             print(f"\n{table}\n\nreport: {sweep_dir / 'report.html'}", flush=True)
-        sweep = tracking.TrackedRun.read(sweep_dir)
+        sweep = mlflow_runs.TrackedRun.read(sweep_dir)
         if sweep is not None:
-            tracking.log_files(sweep, [sweep_dir / name for name in tracking.RUN_FILES + ("multirun.yaml",)])
-            tracking.log_files(sweep, sorted(sweep_dir.glob("*.png")), "plots")
+            mlflow_runs.log_files(sweep, [sweep_dir / name for name in mlflow_runs.RUN_FILES + ("multirun.yaml",)])
+            mlflow_runs.log_files(sweep, sorted(sweep_dir.glob("*.png")), "plots")
             sweep.client().set_terminated(sweep.run_id, "FINISHED")
 
 

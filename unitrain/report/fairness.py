@@ -11,7 +11,7 @@ import json
 from typing import List
 
 from unitrain.report.runs import Run, is_compared
-from unitrain.train.tracking import flatten
+from unitrain.tracking.mlflow_runs import flatten
 
 
 def mixed_framework_warnings(runs: List[Run]) -> List[str]:

@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
+from unitrain.tracking.mlflow_runs import ARTIFACTS, flatten
 from unitrain.train.metrics import own_records
-from unitrain.train.tracking import ARTIFACTS, flatten
 
 # What may differ between compared runs without making the comparison unfair: the axes of
 # comparison themselves. Anything else (threads, data, image size, steps...) draws a warning,

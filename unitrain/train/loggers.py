@@ -2,7 +2,7 @@
 
 Selected with ``trainer.loggers=[tensorboard]`` / ``[visualdl]`` / ``[mlflow]``; off by default.
 Their packages load only when chosen, and a missing one stops the run at start naming the extra.
-MLflow tracks more than the steps (:mod:`unitrain.train.tracking`): its sink sends them to the
+MLflow tracks more than the steps (:mod:`unitrain.tracking.mlflow_runs`): its sink sends them to the
 run the job opened.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from unitrain.errors import BackendUnavailableError
-from unitrain.train.tracking import MlflowSink
+from unitrain.tracking.mlflow_runs import MlflowSink
 
 SCALARS = ("loss", "top1", "top5", "lr", "ips", "batch_cost", "reader_cost", "loss_scale")
 
