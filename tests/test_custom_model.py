@@ -88,7 +88,7 @@ def test_embeddings_are_not_transposed_and_the_converted_halves_compute_the_same
 
     from unitrain.interface.backend import get_backend
     from unitrain.interface.models import models_module
-    from unitrain.model.transfer import pair_tables
+    from unitrain.model.conversion import pair_tables
 
     class T(torch.nn.Module):
         def __init__(self):

@@ -255,8 +255,8 @@ def test_paddles_lstm_aliases_are_found_and_one_tensor(lstm_pair):
 
 
 def test_the_lstm_halves_start_from_the_same_weights_and_compute_the_same(lstm_pair):
+    from unitrain.model.conversion import pair_tables
     from unitrain.model.pairing import convert_pair
-    from unitrain.model.transfer import pair_tables
 
     (pb, paddle_model), (tb, torch_model) = lstm_pair["paddle"], lstm_pair["torch"]
     torch_state, paddle_state = tb.state_arrays(torch_model), pb.state_arrays(paddle_model)
@@ -285,8 +285,8 @@ def test_the_lstm_halves_start_from_the_same_weights_and_compute_the_same(lstm_p
 
 
 def test_a_text_pair_is_recorded_for_export_and_generate():
+    from unitrain.model.conversion import checkpoint_model
     from unitrain.model.custom import CustomModel, from_record
-    from unitrain.model.transfer import checkpoint_model
 
     pair = CustomModel(factories={"torch": "lm_nets.char_rnn:build"}, kwargs={"hidden": 8}, block_size=BLOCK)
     assert pair.arguments(40) == {"vocab_size": 40, "block_size": BLOCK, "hidden": 8}

@@ -33,8 +33,8 @@ from unitrain.interface.modules import available_backends
 from unitrain.interface.translate import translate_module
 from unitrain.interface.weights import weights_module
 from unitrain.launch.arguments import OneLineParser
+from unitrain.model.conversion import converted
 from unitrain.model.custom import resolve_factory
-from unitrain.model.transfer import converted
 from unitrain.model.translate import (
     CONVERT,
     REPORT,

@@ -35,8 +35,8 @@ from unitrain.interface.backend import Backend, get_backend
 from unitrain.interface.evaluation import evaluation_module
 from unitrain.interface.export import ExportModule, export_module
 from unitrain.model.build import build_model
+from unitrain.model.conversion import checkpoint_model, weights_for
 from unitrain.model.custom import CustomModel
-from unitrain.model.transfer import checkpoint_model, weights_for
 from unitrain.model.weights import Arrays
 from unitrain.train.checkpoint import checkpoint_run_dir, find_checkpoint, read_meta, read_model_arrays
 

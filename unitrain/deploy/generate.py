@@ -19,7 +19,7 @@ from unitrain.errors import UnitrainError
 from unitrain.interface.backend import get_backend
 from unitrain.interface.evaluation import evaluation_module
 from unitrain.model.build import build_model
-from unitrain.model.transfer import checkpoint_model, weights_for
+from unitrain.model.conversion import checkpoint_model, weights_for
 from unitrain.train.checkpoint import checkpoint_run_dir, find_checkpoint, read_meta, read_model_arrays
 from unitrain.train.language import context_length
 

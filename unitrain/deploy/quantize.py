@@ -53,8 +53,8 @@ from unitrain.host.machine import cpu
 from unitrain.interface.backend import Backend, get_backend
 from unitrain.interface.quantize import QuantizeModule, Saved, quantize_module
 from unitrain.model.build import build_model
+from unitrain.model.conversion import checkpoint_model, weights_for
 from unitrain.model.custom import CustomModel
-from unitrain.model.transfer import checkpoint_model, weights_for
 from unitrain.model.weights import Arrays
 from unitrain.report.quantize import RESULT, markdown, plot, table
 from unitrain.spec.models import ViTSpec

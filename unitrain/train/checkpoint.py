@@ -26,7 +26,7 @@ import numpy as np
 
 from unitrain.errors import Refusal, UnitrainError
 from unitrain.interface.optim import optim_module
-from unitrain.model.transfer import weights_for
+from unitrain.model.conversion import weights_for
 
 log = logging.getLogger("unitrain")
 
@@ -80,7 +80,7 @@ def save_checkpoint(
     model_record: Optional[Dict[str, Any]] = None,
 ) -> Path:
     """``arrays``: the model's state (``backend.state_arrays``), already checked to be finite;
-    ``model_record``: what converts it later (:func:`unitrain.model.transfer.model_record`)."""
+    ``model_record``: what converts it later (:func:`unitrain.model.conversion.model_record`)."""
     root = Path(run_dir) / "checkpoints"
     final, tmp = root / f"step{step}", root / f".tmp-step{step}-{os.getpid()}"
     meta = {

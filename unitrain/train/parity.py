@@ -38,9 +38,9 @@ from unitrain.interface.modules import available_backends
 from unitrain.interface.optim import OPTIMIZERS, optim_module
 from unitrain.interface.translate import translate_module
 from unitrain.model.build import build_model
+from unitrain.model.conversion import pair_tables
 from unitrain.model.custom import CustomModel, ProbeSamples, check_factories, classes_of, model_ref
 from unitrain.model.pairing import convert_pair
-from unitrain.model.transfer import pair_tables
 from unitrain.model.translate import ConversionRefused
 from unitrain.model.weights import Arrays, to_canonical
 from unitrain.spec.models import CUSTOM, MODELS

@@ -42,8 +42,8 @@ from unitrain.interface.precision import MixedPrecision, precision_module
 from unitrain.interface.profiler import Tracer, profiler_module
 from unitrain.interface.speed_settings import SpeedSettings, make_speed_settings
 from unitrain.model.build import build_model
+from unitrain.model.conversion import model_record
 from unitrain.model.custom import CustomModel, model_ref
-from unitrain.model.transfer import model_record
 from unitrain.spec.models import ViTSpec
 from unitrain.train import language
 from unitrain.train import summary as summaries

@@ -1,4 +1,4 @@
-"""A checkpoint's weights for a model built by a backend: exact conversion for the built-in
+"""A checkpoint's weights converted for a model built by a backend: exactly for the built-in
 models (:mod:`unitrain.model.weights`), parameter matching for a user's pair
 (:mod:`unitrain.model.pairing`). No framework is imported here."""
 
