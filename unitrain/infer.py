@@ -22,7 +22,7 @@ import numpy as np
 
 from unitrain.deploy import artifacts, ps_export
 from unitrain.deploy.infer import RESULT, Timing, benchmark, worker
-from unitrain.deploy.pairs import MAX_PAIRS, pair_worker
+from unitrain.deploy.speed_ratio import MAX_PAIRS, ratio_worker
 from unitrain.errors import UnitrainError
 from unitrain.launch.arguments import OneLineParser
 from unitrain.report.inference import markdown
@@ -120,8 +120,8 @@ def _timing(args: argparse.Namespace) -> Timing:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    if argv is None and len(sys.argv) == 3 and sys.argv[1] in ("--worker", "--pair"):
-        return (worker if sys.argv[1] == "--worker" else pair_worker)(sys.argv[2])
+    if argv is None and len(sys.argv) == 3 and sys.argv[1] in ("--worker", "--ratio"):
+        return (worker if sys.argv[1] == "--worker" else ratio_worker)(sys.argv[2])
     args = _parser().parse_args(argv)
     if args.criteo:
         return _score(args)

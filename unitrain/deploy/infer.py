@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from unitrain.deploy import artifacts, ps_export
-from unitrain.deploy.pairs import Side, measure_pair
 from unitrain.deploy.runtimes import accuracy, runtimes_for, thread_env, time_runtime
+from unitrain.deploy.speed_ratio import Side, measure_ratio
 from unitrain.errors import UnitrainError
 from unitrain.host.atomic import replace_text
 from unitrain.host.machine import cpu
@@ -259,7 +259,7 @@ def _against_the_first(
         against = f"{reference['runtime']} on {reference['name']}"
         print(f"{ROW_PREFIX}{row['runtime']} on {row['name']}: interleaved pairs against {against}", flush=True)
         second = Side(artifact=artifact, runtime=row["runtime"])
-        row["vs_reference"] = measure_pair(
+        row["vs_reference"] = measure_ratio(
             first, second, manifest["config"], batch, timing.threads, timing.pairs, timing.warmup, manifest.get("input")
         )
 

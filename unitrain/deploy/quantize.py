@@ -46,7 +46,7 @@ from unitrain.deploy import artifacts
 from unitrain.deploy.export import export
 from unitrain.deploy.infer import Timing, benchmark
 from unitrain.deploy.onnx_quantize import quantize_onnx
-from unitrain.deploy.pairs import MAX_PAIRS, Side, measure_pair
+from unitrain.deploy.speed_ratio import MAX_PAIRS, Side, measure_ratio
 from unitrain.errors import ConfigError, Refusal, UnitrainError, framework_cause
 from unitrain.host.atomic import replace_text
 from unitrain.host.machine import cpu
@@ -409,7 +409,7 @@ def _speedups(
         )
         reference = Side(artifact=fp32[base["name"]], runtime=base["runtime"])
         candidate = Side(artifact=int8[row["name"]], runtime=row["runtime"])
-        found[(row["name"], row["runtime"])] = measure_pair(
+        found[(row["name"], row["runtime"])] = measure_ratio(
             reference, candidate, manifest["config"], batch, q.threads, q.cfg.pairs, q.cfg.warmup, manifest.get("input")
         )
     return found

@@ -41,7 +41,7 @@ def table(
 ) -> List[Dict[str, Any]]:
     """One row per artifact and runtime, set against the fp32 artifact of the same format in
     the same runtime; ``methods`` names the quantized artifacts' methods (the rest are fp32),
-    ``speedups`` their speed-ups as interleaved pairs (``deploy.pairs``) by (file, runtime)."""
+    ``speedups`` their speed-ups as interleaved pairs (``deploy.speed_ratio``) by (file, runtime)."""
     out = []
     for r in rows:
         precision = methods.get(r["name"], "fp32")
@@ -81,9 +81,11 @@ def table(
         row["loss_delta"] = (
             row["loss"] - base["loss"] if base and row["loss"] is not None and base["loss"] is not None else None
         )
-        pair = speedups.get((row["file"], row["runtime"]))
+        measured = speedups.get((row["file"], row["runtime"]))
         row["speedup"] = (
-            {str(pair["batch"]): pair} if pair and "batch" in pair else ({"error": pair["error"]} if pair else {})
+            {str(measured["batch"]): measured}
+            if measured and "batch" in measured
+            else ({"error": measured["error"]} if measured else {})
         )
     return out
 

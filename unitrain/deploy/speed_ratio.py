@@ -44,7 +44,7 @@ MAX_PAIRS = 100
 
 @dataclass(frozen=True, kw_only=True)
 class Side:
-    """One model of a pair: an artifact, and which of its runtimes runs it."""
+    """One side of the ratio: an artifact, and which of its runtimes runs it."""
 
     artifact: artifacts.Artifact
     runtime: str
@@ -102,8 +102,8 @@ def interleave(runtimes: List[Runtime], inputs: List[Any], pairs: int, warmup: i
     }
 
 
-def pair_worker(spec_file: str) -> int:
-    """Runs in a child process: one pair, written as JSON next to the spec."""
+def ratio_worker(spec_file: str) -> int:
+    """Runs in a child process: its share of the pairs, written as JSON next to the spec."""
     die_with_parent()
     spec = json.loads(Path(spec_file).read_text())
     sides = [Side.from_json(spec[k]) for k in ("reference", "candidate")]
@@ -123,12 +123,12 @@ def _timing_process() -> None:
 
 
 def _one_process(spec: Dict[str, Any], tmp: Path, index: int, threads: int) -> Dict[str, Any]:
-    """One pair process's measurements, or ``{"error": ...}``."""
-    spec = {**spec, "result": str(tmp / f"pair{index}.json")}
-    spec_file = tmp / f"pair{index}.spec.json"
+    """One ratio process's measurements, or ``{"error": ...}``."""
+    spec = {**spec, "result": str(tmp / f"ratio{index}.json")}
+    spec_file = tmp / f"ratio{index}.spec.json"
     spec_file.write_text(json.dumps(spec))
     done = subprocess.run(
-        [sys.executable, "-m", "unitrain.infer", "--pair", str(spec_file)],
+        [sys.executable, "-m", "unitrain.infer", "--ratio", str(spec_file)],
         env=thread_env(threads),
         preexec_fn=_timing_process,
         capture_output=True,
@@ -137,13 +137,13 @@ def _one_process(spec: Dict[str, Any], tmp: Path, index: int, threads: int) -> D
     if done.returncode != 0 or not Path(spec["result"]).exists():
         said = [line.strip() for line in done.stderr.splitlines() if line.strip()]
         return {
-            "error": f"the pair process ended with exit status {done.returncode}"
+            "error": f"the ratio process ended with exit status {done.returncode}"
             + (f": {said[-1][:200]}" if said else "")
         }
     return json.loads(Path(spec["result"]).read_text())
 
 
-def measure_pair(
+def measure_ratio(
     reference: Side,
     candidate: Side,
     config: Dict[str, Any],
@@ -168,7 +168,7 @@ def measure_pair(
     }
     shares = [min(PAIRS_PER_PROCESS, pairs - start) for start in range(0, pairs, PAIRS_PER_PROCESS)]
     measured = []
-    with tempfile.TemporaryDirectory(prefix="unitrain-pair-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="unitrain-ratio-") as tmp:
         for index, share in enumerate(shares):
             measured.append(_one_process({**spec, "pairs": share}, Path(tmp), index, threads))
             if "error" in measured[-1]:

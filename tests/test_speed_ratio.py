@@ -14,7 +14,7 @@ import numpy as np
 from hypothesis import given
 from hypothesis import strategies as st
 
-from unitrain.deploy.pairs import interleave
+from unitrain.deploy.speed_ratio import interleave
 from unitrain.host import contention
 from unitrain.interface.infer import Runtime
 from unitrain.report.intervals import median_ci, ratio_summary, ratio_text
