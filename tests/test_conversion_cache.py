@@ -36,7 +36,7 @@ def user(tmp_path, monkeypatch):
 
 
 def _forget_converted() -> None:
-    """Each test imports its own cache's tree (the converted package's name is the same in all)."""
+    """Each test imports its own cache's tree (the translated package's name is the same in all)."""
     for name in [n for n in sys.modules if n.startswith("unitrain_converted_")]:
         del sys.modules[name]
 
@@ -78,7 +78,7 @@ def test_a_damaged_entry_is_converted_again_and_said(user, caplog, damage):
 
 
 def test_an_imported_entry_still_verifies(user, caplog, monkeypatch):
-    """Importing the converted code writes __pycache__ into the entry: not a change of it."""
+    """Importing the translated code writes __pycache__ into the entry: not a change of it."""
     monkeypatch.setattr(sys, "dont_write_bytecode", False)
     _builds(_translate())
     assert list(user.joinpath("cache").rglob("__pycache__"))

@@ -161,7 +161,7 @@ def test_a_language_model_written_once_trains_alike_on_both_frameworks(model, tr
         # What export, quantize and generate rebuild the text factory's model from.
         assert meta["custom"]["block_size"] == BLOCK and meta["custom"]["factories"]["torch"].startswith("lm_nets.")
         assert meta["num_classes"] == summary["text"]["vocab_size"]
-    # The converted half was checked against the torch half on token ids before it trained.
+    # The translated half was checked against the torch half on token ids before it trained.
     log = (runs["paddle"].run_dir / "unitrain.log").read_text()
     assert "model.paddle=convert" in log and "layer outputs within" in log
 

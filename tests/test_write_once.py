@@ -345,7 +345,7 @@ def test_convert_reports_what_did_not_convert_and_keeps_the_code_to_read(in_proj
             "give a checkpoint or --model=pkg.module:function, one of the two",
         ),
         (["runs"], "--to is missing; allowed: --to paddle|torch with a checkpoint"),
-        # The user's own errors, with the user's file and line (not the converted copy's, not blamed on conversion).
+        # The user's own errors, with the user's file and line (not the translated copy's, not blamed on conversion).
         (["--model", "bad_nets.syntax:build"], "bad_nets/syntax.py:5: SyntaxError: '(' was never closed"),
         (
             ["--model", "bad_nets.raises:build"],
@@ -393,7 +393,7 @@ def test_parity_fails_when_layer_outputs_cannot_be_paired(tmp_path):
 
 @pytest.mark.slow
 def test_one_pytorch_file_trains_on_both_frameworks_and_every_capability_takes_it(project, tmp_path):
-    """The comparison, shared initial weights, the converted code kept, and a Paddle checkpoint
+    """The comparison, shared initial weights, the translated code kept, and a Paddle checkpoint
     resumed in torch (export and quantization: the gallery test below)."""
     root = tmp_path / "user"
     shutil.copytree(project, root)
@@ -475,7 +475,7 @@ QUICK_QUANTIZE += ["calib_batches=1", "calib_batch_size=8"]
 #: Paddle's int8 path first exports the fp32 model, checked as ``NOT_EXPORTED_FOR_PADDLE`` says;
 #: the ViT's converted attention traces into its legacy program through unitrain's bridge.
 NOT_QUANTIZED_BY_PADDLE: dict = {}
-#: What Paddle's inference runtime does not take of the converted code (the U-Net's interpolate
+#: What Paddle's inference runtime does not take of the translated code (the U-Net's interpolate
 #: runs there as unitrain's bridge traces it: gathers and weighted sums, no interpolation op).
 NOT_EXPORTED_FOR_PADDLE: dict = {}
 
@@ -490,7 +490,7 @@ EXPORTED_IN_CI = ["efficientnet", "vit", "unet"]
 @pytest.mark.slow
 @pytest.mark.parametrize("name", EXPORTED_IN_CI)
 def test_a_converted_gallery_model_exports_and_quantizes_in_both_frameworks(project, tmp_path, name):
-    """A Paddle checkpoint of the converted half: exported natively and to ONNX for both
+    """A Paddle checkpoint of the translated half: exported natively and to ONNX for both
     frameworks (each artifact checked against the checkpoint's logits by the command), and
     dynamic int8 in both frameworks' toolkits, or one line where Paddle's cannot take it."""
     root = tmp_path / "user"
@@ -567,7 +567,7 @@ def test_the_split_bridge_splits_as_torch_does_with_a_remainder():
 @pytest.mark.parametrize("batch_first", [True, False])
 @pytest.mark.parametrize("self_attention", [True, False])
 def test_the_attention_bridge_computes_torchs_multihead_attention(batch_first, self_attention):
-    """unitrain's MultiheadAttention (what converted code gets for torch's, traceable into
+    """unitrain's MultiheadAttention (what translated code gets for torch's, traceable into
     Paddle's int8 program) gives torch's outputs and weights from torch's parameters."""
     import paddle
     import torch

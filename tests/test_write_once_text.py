@@ -5,7 +5,7 @@ and quantize modules with token ids (int64) as they are: each artifact declares 
 dtype, the runtime that reads it back takes that dtype from the artifact, and its logits are
 compared with the eager model's.
 
-Where the converted code stops a framework's tracer (Paddle's character LM), the test asserts the
+Where the translated code stops a framework's tracer (Paddle's character LM), the test asserts the
 one line unitrain reports (``framework_cause``) and, with the bridge set as it would be, what the
 next step gives: a bridge, once written, fails that assertion and the test is updated with it."""
 
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 pytestmark = pytest.mark.filterwarnings(
-    # torch.export on nn.LSTM/GRU; Paddle's PIR tracer on the converted code's .device/.contiguous();
+    # torch.export on nn.LSTM/GRU; Paddle's PIR tracer on the translated code's .device/.contiguous();
     # paddle.split's pointer to its torch-difference page, said before it refuses ``dim``.
     "ignore:The tensor attributes .* were assigned during export:UserWarning",
     "ignore:Tensor do not have '.*' interface:UserWarning",
@@ -216,7 +216,7 @@ def test_paddle_exports_the_lstm_gru_classifier_natively_and_to_onnx_with_int64_
 def test_paddle_exports_the_character_lm_natively_and_to_onnx_with_int64_ids(pairs, tmp_path):
     """PaConvert writes torch's ``Tensor.split(size, dim=)`` as a helper set on ``paddle.Tensor``
     alone; traced, a tensor is a ``paddle.pir.Value``, whose ``split`` is ``paddle.split`` itself
-    (paddle/pir/math_op_patch.py:1683), which refuses ``dim``. The converted code calls
+    (paddle/pir/math_op_patch.py:1683), which refuses ``dim``. The translated code calls
     unitrain's split bridge instead: both formats take int64 ids and give the eager logits."""
     from unitrain.interface.export import export_module
 

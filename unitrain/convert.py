@@ -1,14 +1,14 @@
-"""``python -m unitrain.convert``: a checkpoint as native weights, or a model's code as the other
-framework's.
+"""``python -m unitrain.convert``: a checkpoint's weights converted into a framework's native file, or a
+model's code translated into the other framework's (the command keeps the name users know for both).
 
 ``python -m unitrain.convert <checkpoint> --to torch|paddle``: the output loads with plain
 framework code, no unitrain needed: ``model.load_state_dict(torch.load(path))`` or
 ``layer.set_state_dict(paddle.load(path))``.
 
-``python -m unitrain.convert --model my_pkg.nets:build``: the PyTorch factory's code converted
+``python -m unitrain.convert --model my_pkg.nets:build``: the PyTorch factory's code translated
 (what ``model.paddle=convert`` trains, docs/models.md), written into a folder to read, and both
 halves run from the same weights on one batch, layer by layer, without training. Exit status 1
-when a call did not convert or a layer computes otherwise: the folder and the report say which.
+when a call did not translate or a layer computes otherwise: the folder and the report say which.
 """
 
 from __future__ import annotations
@@ -51,15 +51,15 @@ from unitrain.train.checkpoint import checkpoint_run_dir, find_checkpoint, read_
 from unitrain.train.parity import CONVERTED_TOLERANCE, check_converted
 
 PROG = "python -m unitrain.convert"
-#: What the forward check writes beside the converted code.
+#: What the forward check writes beside the translated code.
 CHECK = "check.json"
 
 
 def _parser() -> OneLineParser:
     parser = OneLineParser(
         prog=PROG,
-        description="Turn a unitrain checkpoint into a framework's native weights file, or a PyTorch model's code "
-        "into Paddle's (--model), checked layer by layer without training.",
+        description="Convert a unitrain checkpoint's weights into a framework's native weights file, or translate a "
+        "PyTorch model's code into Paddle's (--model), checked layer by layer without training.",
     )
     parser.add_argument(
         "checkpoint",
@@ -70,7 +70,9 @@ def _parser() -> OneLineParser:
         ),
     )
     parser.add_argument("--to", choices=available_backends(), help="the framework whose format (or code) to write")
-    parser.add_argument("--model", help="instead of a checkpoint: a model factory pkg.module:function to convert")
+    parser.add_argument(
+        "--model", help="instead of a checkpoint: a model factory pkg.module:function whose code to translate"
+    )
     parser.add_argument(
         "--out",
         help="output file (default: <checkpoint>/model.<framework>.pt|pdparams); with --model, a folder that does "
@@ -81,7 +83,7 @@ def _parser() -> OneLineParser:
     parser.add_argument(
         "--kwarg", action="append", default=[], metavar="NAME=VALUE", help="--model: a factory argument (repeatable)"
     )
-    parser.add_argument("--no-check", action="store_true", help="--model: convert and report, without the check")
+    parser.add_argument("--no-check", action="store_true", help="--model: translate and report, without the check")
     return parser
 
 

@@ -1,4 +1,4 @@
-"""torch's attention on Paddle, for converted code (:mod:`unitrain.backends.paddle.translate`).
+"""torch's attention on Paddle, for translated code (:mod:`unitrain.backends.paddle.translate`).
 
 Paddle's torch-compatible attention (``paddle.compat.nn.MultiheadAttention`` and
 ``paddle.compat.nn.functional.scaled_dot_product_attention``) reads ``shape.numel()``, which a

@@ -47,7 +47,7 @@ def save_native(model: paddle.nn.Layer, stem: Path, example: np.ndarray, batch: 
     model.eval()
     with warnings.catch_warnings():
         # PIR's tracer on what a traced program has no use for: full_like's place (a language
-        # model's causal mask), converted code's .contiguous() ("Tensor do not have 'place'
+        # model's causal mask), translated code's .contiguous() ("Tensor do not have 'place'
         # interface for pir graph mode"); unitrain prints one line per artifact instead.
         warnings.filterwarnings("ignore", message="Tensor do not have '.*' interface", category=UserWarning)
         paddle.jit.save(model, str(stem), input_spec=_spec(example, batch))

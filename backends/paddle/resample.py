@@ -1,4 +1,4 @@
-"""torch's interpolate on Paddle, for converted code (:mod:`unitrain.backends.paddle.translate`).
+"""torch's interpolate on Paddle, for translated code (:mod:`unitrain.backends.paddle.translate`).
 
 Paddle 3.3.1's Inference cannot run any interpolation op of a PIR program with oneDNN (the op's
 ``scale`` attribute, a list of doubles even when empty, is a type its oneDNN instruction does not

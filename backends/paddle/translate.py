@@ -1,7 +1,7 @@
 """PyTorch code as Paddle code: PaConvert, then unitrain's substitutions.
 
-PaConvert (PaddlePaddle's own converter) writes code for Paddle's torch-compatible API. Two
-kinds of its output are replaced here, in the converted text, and docs/models.md lists both:
+PaConvert (PaddlePaddle's own code converter) writes code for Paddle's torch-compatible API. Two
+kinds of its output are replaced here, in the translated text, and docs/models.md lists both:
 
 - a layer whose Paddle meaning differs from torch's and changes results: ``paddle.nn.BatchNorm2D``
   folds the biased batch variance into its running variance (torch: the unbiased one), so it
@@ -35,7 +35,7 @@ from typing import Dict, List, Optional
 
 from unitrain.backends.paddle import QUIET_ON_IMPORT
 from unitrain.backends.paddle.attention import multihead_attention_layer, scaled_dot_product_attention  # noqa: F401
-from unitrain.backends.paddle.resample import interpolate, upsample, upsample_layers  # noqa: F401 - converted code calls them
+from unitrain.backends.paddle.resample import interpolate, upsample, upsample_layers  # noqa: F401 - translated code calls them
 from unitrain.errors import BackendUnavailableError, UnitrainError
 from unitrain.interface.translate import FileTranslation, Unconverted
 
@@ -44,7 +44,7 @@ __all__ = ["SOURCE", "converter_version", "missing_names", "translate_file"]
 SOURCE: Optional[str] = "torch"
 _BRIDGE = "unitrain_paddle"
 _IMPORT = f"from unitrain.backends.paddle import translate as {_BRIDGE}\n"
-#: PaConvert's output -> what the converted code uses instead (see the module's docstring).
+#: PaConvert's output -> what the translated code uses instead (see the module's docstring).
 _SUBSTITUTES = {
     "paddle.nn.BatchNorm2D": f"{_BRIDGE}.BatchNorm2D",
     "paddle.nn.MaxPool1d": f"{_BRIDGE}.MaxPool1d",

@@ -1,4 +1,4 @@
-"""No converter writes PyTorch code from another framework's: the torch half is the user's own."""
+"""No translator writes PyTorch code from another framework's: the torch half is the user's own."""
 
 from __future__ import annotations
 

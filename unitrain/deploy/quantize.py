@@ -176,7 +176,7 @@ class Quantization:
     out_dir: Path
 
     def model(self) -> "str | ViTSpec | CustomModel":
-        """The checkpoint's model, as build_model takes it (a converted half: its run's copy)."""
+        """The checkpoint's model, as build_model takes it (a translated half: its run's copy)."""
         return checkpoint_model(self.meta, checkpoint_run_dir(self.checkpoint))
 
     @property
@@ -458,7 +458,7 @@ def quantization_aware_training(q: Quantization, weights: Arrays, int8_dir: Path
         f"quantization-aware training in {q.framework}: {q.cfg.qat.steps} steps at lr {qat_cfg.optim.lr:g} ...",
         flush=True,
     )
-    # A user's pair as the checkpoint records it (a converted half: the run's copy); else the config's.
+    # A user's pair as the checkpoint records it (a translated half: the run's copy); else the config's.
     model = q.model() if q.meta.get("custom") else None
     summary = Trainer(qat_cfg, q.backend, run_dir, q.threads, prepare_model=prepare, model=model).fit()
     saved = q.toolkit.save_qat(prepared[0], int8_dir / q.stem, example, q.cfg.batches)

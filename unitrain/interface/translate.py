@@ -1,9 +1,9 @@
-"""Source conversion: what ``backends/<name>/translate.py`` provides to write that framework's half
+"""Code translation: what ``backends/<name>/translate.py`` provides to write that framework's half
 of a user's model from the other framework's code (``model.<name>=convert``).
 
-A backend that can convert names the framework whose code it reads (``SOURCE``); one that cannot
-refuses in one line. Neither imports its framework until it checks the names the converted code
-uses, so the main process can convert and refuse before a job starts.
+A backend that can translate names the framework whose code it reads (``SOURCE``); one that cannot
+refuses in one line. Neither imports its framework until it checks the names the translated code
+uses, so the main process can translate and refuse before a job starts.
 """
 
 from __future__ import annotations

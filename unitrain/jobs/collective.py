@@ -196,7 +196,7 @@ def _check_custom(cfg: UnitrainConfig) -> None:
     reads as {name: name} pairs (a resume from the other framework's checkpoint reads it), the
     backend's factory names a module that exists (or converts, with convert), and the model it
     builds gives logits of the shape the data needs on one batch: [batch, classes], or
-    [batch, time, vocab] with data=text. This imports the framework. A converted half is then
+    [batch, time, vocab] with data=text. This imports the framework. A translated half is then
     compared with its source layer by layer."""
     key = f"model.{cfg.backend.name}"
     path = getattr(cfg.model, cfg.backend.name, None)

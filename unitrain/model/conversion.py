@@ -21,7 +21,7 @@ Arrays = Dict[str, np.ndarray]
 
 def checkpoint_model(meta: Mapping[str, Any], run_dir: Optional[Path] = None) -> "str | ViTSpec | CustomModel":
     """What :func:`unitrain.model.build.build_model` takes to build a checkpoint's model again;
-    ``run_dir``: the run that wrote it (a converted half is built from the run's own copy)."""
+    ``run_dir``: the run that wrote it (a translated half is built from the run's own copy)."""
     if meta.get("custom"):
         return from_record(meta["custom"], run_dir)
     return sized(meta["model"], int(meta.get("config", {}).get("data", {}).get("image_size", 32)))

@@ -60,7 +60,7 @@ class CustomModel:
     #: data=text: the tokens of a sample. Set, the factories are text factories, called with
     #: vocab_size= and block_size=; None, image factories (num_classes=, image_size=).
     block_size: Optional[int] = None
-    #: A checkpoint's run: its converted half is built from the copy the run kept, the code it
+    #: A checkpoint's run: its translated half is built from the copy the run kept, the code it
     #: trained with, not from the source as it reads now.
     run_dir: Optional[Path] = None
 
@@ -121,7 +121,7 @@ class CustomModel:
         return model
 
     def _converted_failed(self, backend: str, arguments: Dict[str, Any], err: Exception) -> None:
-        """The converted factory failed: whose failure it is. The user's own factory, run with the
+        """The translated factory failed: whose failure it is. The user's own factory, run with the
         same arguments, failing too is the user's code (its file and line, not the converted
         copy's); otherwise the conversion's."""
         source = translate_module(backend).SOURCE
@@ -278,7 +278,7 @@ def _where(err: BaseException) -> str:
     frames = traceback.extract_tb(err.__traceback__)
     converted = [f for f in frames if "unitrain_converted_" in f.filename]
     last = (converted or frames)[-1]
-    # The converted copy is reformatted: its line numbers are not the source's.
+    # The translated copy is reformatted: its line numbers are not the source's.
     copy = " of the converted copy" if converted else ""
     return f"{Path(last.filename).name}:{last.lineno}{copy} ({(last.line or '').strip()})"
 
@@ -406,7 +406,7 @@ def model_ref(cfg: Any) -> "str | ViTSpec | CustomModel":
 
 def from_record(record: Mapping[str, Any], run_dir: Optional[Path] = None) -> CustomModel:
     """The pair a checkpoint's record names; ``run_dir``: the run that wrote it, whose converted
-    copy builds a converted half."""
+    copy builds a translated half."""
     return CustomModel(
         run_dir=run_dir,
         factories=dict(record["factories"]),

@@ -1,14 +1,18 @@
-"""``model.<backend>=convert``: that half of a user's model converted from the other half's code.
+"""``model.<backend>=convert``: that half of a user's model translated from the other half's code.
+
+"translate" is this: code of one framework rewritten as another's. Weights are "converted"
+(:mod:`unitrain.model.weights`, :mod:`unitrain.model.conversion`); the config value ``convert``
+and the ``converted/`` folders keep the name users already type and read.
 
 The user names one factory (``model=custom model.torch=my_pkg.nets:build model.paddle=convert``).
 The factory's top-level package (or its single module) is the user's own code: every Python file
-of it is converted by the backend's translate module (PaConvert for Paddle), its imports of itself
-point at the converted copy, and the copy is imported under a name of its own, so both halves
-live in one process. The converted tree is cached by a hash of the sources, the converter's
+of it is translated by the backend's translate module (PaConvert for Paddle), its imports of itself
+point at the translated copy, and the copy is imported under a name of its own, so both halves
+live in one process. The translated tree is cached by a hash of the sources, the converter's
 version, unitrain's and its substitutions' code (``UNITRAIN_CACHE``, else ``$XDG_CACHE_HOME/unitrain``, else
 ``~/.cache/unitrain``), and each run keeps a copy (``converted/`` in its run directory).
 
-Nothing converts silently in part: a call the converter left, a module of the user's outside the
+Nothing is translated silently in part: a call the converter left, a module of the user's outside the
 package, a name the installed framework lacks, each stops the job in one line before it starts.
 """
 
@@ -35,11 +39,11 @@ from unitrain.host.cache import cache_dir
 from unitrain.host.machine import unitrain_version
 from unitrain.interface.translate import FileTranslation, Unconverted, translate_module
 
-#: The factory value that asks for a converted half.
+#: The factory value that asks for a translated half.
 CONVERT = "convert"
 REPORT = "translation.json"
 UNCONVERTED = "unconverted.txt"
-#: A run's own copy of its converted tree, in its run directory: what its checkpoints were
+#: A run's own copy of its translated tree, in its run directory: what its checkpoints were
 #: trained with, so an export or a quantization months later builds that model, not today's code.
 RUN_COPY = "converted"
 #: {file: sha256} of a cached tree, written last: an entry is used only as it was written.
@@ -66,7 +70,7 @@ class Source:
 
 @dataclass(frozen=True, kw_only=True)
 class Translation:
-    """A converted tree in the cache, and what the conversion did."""
+    """A translated tree in the cache, and what the conversion did."""
 
     directory: Path  # on sys.path: it holds the package ``alias``
     alias: str
@@ -74,7 +78,7 @@ class Translation:
     converted: int
     unconverted: List[Unconverted]
     substituted: Dict[str, int]
-    missing: List[List[str]]  # [name, file]: names the converted code uses that the framework lacks
+    missing: List[List[str]]  # [name, file]: names the translated code uses that the framework lacks
 
     def factory(self) -> Callable[..., Any]:
         if str(self.directory) not in sys.path:
@@ -229,7 +233,7 @@ def _translation(directory: Path, alias: str, source: Source) -> Translation:
 
 
 def run_copy(run_dir: Path, key: str, path: str) -> Optional[Translation]:
-    """The converted tree a run kept (:data:`RUN_COPY`) of the factory ``path`` (``key``:
+    """The translated tree a run kept (:data:`RUN_COPY`) of the factory ``path`` (``key``:
     model.<backend> of it), or None where the run has none (deleted, or written before runs
     kept one)."""
     directory = Path(run_dir) / RUN_COPY
@@ -289,7 +293,7 @@ def check_syntax(source: Source) -> None:
 
 
 def _contents(directory: Path) -> Dict[str, str]:
-    """{file: sha256} of a converted tree, what Python writes when it imports it left out."""
+    """{file: sha256} of a translated tree, what Python writes when it imports it left out."""
     return {
         str(p.relative_to(directory)): hashlib.sha256(p.read_bytes()).hexdigest()
         for p in sorted(directory.rglob("*"))
@@ -379,7 +383,7 @@ def _convert_into(directory: Path, alias: str, source: Source, module: Any, key:
 
 
 def _point_imports_at(path: Path, top: str, alias: str, key: str) -> None:
-    """The converted code's imports of the user's own package, pointed at the converted copy."""
+    """The translated code's imports of the user's own package, pointed at the translated copy."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     changed = False
     for node in ast.walk(tree):
@@ -389,7 +393,7 @@ def _point_imports_at(path: Path, top: str, alias: str, key: str) -> None:
         elif isinstance(node, ast.Import):
             for name in node.names:
                 if name.name == top or name.name.startswith(top + "."):
-                    # ``import pkg.sub`` binds ``pkg``: bind the converted package under that name.
+                    # ``import pkg.sub`` binds ``pkg``: bind the translated package under that name.
                     name.asname = name.asname or (top if name.name == top else None)
                     if name.asname is None:
                         raise ConfigError(
@@ -404,7 +408,7 @@ def _point_imports_at(path: Path, top: str, alias: str, key: str) -> None:
 
 
 def _missing(package: Path, source: Source, module: Any) -> List[Tuple[str, str]]:
-    """(name, file) for every name the converted code uses that the framework lacks."""
+    """(name, file) for every name the translated code uses that the framework lacks."""
     found = []
     for rel in source.files:
         if ">>>>>>" in (package / rel).read_text(encoding="utf-8"):
@@ -439,11 +443,11 @@ def per_file(translation: Translation) -> Dict[str, Dict[str, int]]:
 
 
 def copy_to(translation: Translation, target: Path) -> None:
-    """The converted tree, with its report, where the user reads it."""
+    """The translated tree, with its report, where the user reads it."""
     if not target.exists():
         shutil.copytree(translation.directory, target, ignore=shutil.ignore_patterns("__pycache__"))
 
 
 def keep(translation: Translation, run_dir: Path) -> None:
-    """The run's own copy of the converted code, for the user to read."""
+    """The run's own copy of the translated code, for the user to read."""
     copy_to(translation, Path(run_dir) / RUN_COPY)

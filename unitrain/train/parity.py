@@ -268,7 +268,7 @@ def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
     return report
 
 
-#: Layer outputs of a converted half and its source, from the same weights, that pass.
+#: Layer outputs of a translated half and its source, from the same weights, that pass.
 CONVERTED_TOLERANCE = 1e-4
 
 
@@ -281,7 +281,7 @@ def _evaluate(side: _Side) -> float:
 
 
 def check_converted(cfg: Any, backend: str, num_classes: int | None = None) -> Dict[str, Any]:
-    """``model.<backend>=convert``: the converted half and the half it came from, given the
+    """``model.<backend>=convert``: the translated half and the half it came from, given the
     same weights, compute the same outputs on one batch in evaluation mode, layer by layer; otherwise the job stops
     in one line naming the first layer that differs. Returns the comparison. The batch is images,
     or with data=text int64 token ids [2, data.block_size] in [0, ``num_classes``) (the vocabulary)."""

@@ -175,7 +175,7 @@ class Trainer:
         # quantization-aware training gives the loop a model with fake quantization inserted.
         self.prepare_model = prepare_model
         # The model to build where the config alone would not say it: a checkpoint's, whose
-        # converted half is the copy its run kept.
+        # translated half is the copy its run kept.
         self.model = model
         self.malloc: Optional[Dict[str, Any]] = None  # what fit() set (unitrain.host.malloc)
         self.text: Optional[TextCorpus] = None  # data=text: the corpus, set up by setup()

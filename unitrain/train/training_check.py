@@ -1,8 +1,8 @@
-"""The converted half's training, checked before a job: what evaluation mode never runs.
+"""The translated half's training, checked before a job: what evaluation mode never runs.
 
 ``model.<backend>=convert`` is checked layer by layer in evaluation mode (:mod:`unitrain.train.parity`);
 code that only training runs (stochastic depth, drop path, an in-place dropout) would pass that
-and fail at the job's first step. Here, from the same weights: the converted half's training
+and fail at the job's first step. Here, from the same weights: the translated half's training
 forward and backward runs once with its random layers on (a failure: one line, where), then
 both halves take one plain step with their random layers off, and the changes of every weight
 (the gradients, through the step) are compared. The halves are parity's ``_Side`` objects.
@@ -90,7 +90,7 @@ def check_training(converted: Any, source: Any, dataset: Any, batch_size: int, s
         _train_once(converted, dataset, batch_size)
     except (UnitrainError, MemoryError):
         raise
-    except Exception as err:  # noqa: BLE001 - the converted code failing in training: one line, where
+    except Exception as err:  # noqa: BLE001 - the translated code failing in training: one line, where
         raise ConversionRefused(
             f"{where} in training mode (random layers on) the converted half failed at {failed_at(err)}; allowed: "
             f"code that converts to calls the framework takes (see docs/models.md), or a half of your own"
