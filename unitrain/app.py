@@ -25,7 +25,6 @@ from unitrain.train import objective, tracking
 from unitrain.train.trainer import out_of_memory
 
 register_configs()
-search.register_resolvers()
 
 
 def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
