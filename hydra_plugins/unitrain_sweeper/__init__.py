@@ -99,7 +99,9 @@ class OptunaSweeper(Sweeper):
         self.search.sweep(arguments)
 
 
-def _register() -> None:
+def register() -> None:
+    """hydra/sweeper=optuna and its samplers in Hydra's ConfigStore (run again, it wins over
+    another plugin's hydra/sweeper=optuna registered meanwhile)."""
     store = ConfigStore.instance()
     store.store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="unitrain")
     samplers = {
@@ -113,4 +115,4 @@ def _register() -> None:
         store.store(group="hydra/sweeper/sampler", name=name, node=node, provider="unitrain")
 
 
-_register()
+register()

@@ -69,12 +69,15 @@ def bare_argument(args: List[str]) -> Optional[str]:
 def register_sweeper() -> None:
     """hydra/sweeper=optuna (unitrain's sweeper, hydra_plugins/unitrain_sweeper) known to Hydra.
     Hydra finds it by listing the hydra_plugins namespace, which an editable install's finder
-    (pip install -e) does not list: imported and registered by name here, it is found either way."""
+    (pip install -e) does not list: imported and registered by name here, it is found either way;
+    after Hydra's own scan, so that it replaces another plugin's hydra/sweeper=optuna."""
     from hydra.core.plugins import Plugins
 
-    from hydra_plugins.unitrain_sweeper import OptunaSweeper
+    plugins = Plugins.instance()  # scans hydra_plugins
+    from hydra_plugins.unitrain_sweeper import OptunaSweeper, register
 
-    Plugins.instance().register(OptunaSweeper)
+    register()
+    plugins.register(OptunaSweeper)
 
 
 def refusal(
