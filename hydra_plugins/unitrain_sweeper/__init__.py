@@ -6,8 +6,8 @@ Optuna sweeper that unitrain's searches use) and a thin sweeper class. Optuna an
 logic (:mod:`unitrain.launch.optuna_sweeper`) are imported when a search runs, not here.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: Hydra's scan runs this module before it is in
+# sys.modules, where dataclasses look string annotations up.
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 

@@ -344,7 +344,12 @@ def _existing(storage: str, name: str) -> Any:
 
 
 def quiet_optuna() -> Any:
-    import optuna
+    try:
+        import optuna
+    except ImportError:
+        raise SearchRefused(
+            "hydra/sweeper=optuna needs Optuna, which is not installed; install it with: pip install 'unitrain[sweeps]'"
+        ) from None
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     logging.getLogger("alembic").setLevel(logging.WARNING)
