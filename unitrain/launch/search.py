@@ -95,9 +95,11 @@ def _searched(override: Override) -> bool:
 
 
 def distribution(key: str, text: str) -> Any:
-    """The Optuna distribution Hydra's sweep syntax ``text`` names (None for a plain value): an
-    interval is int when both ends are (a log scale with ``tag(log, ...)``), a range is stepped
-    over exactly the values Hydra's ``range`` gives (its stop excluded), a choice is categorical."""
+    """The Optuna distribution Hydra's sweep syntax ``text`` names (None for a plain value), as
+    Hydra's Optuna sweeper builds it: an interval is continuous (Hydra's grammar reads its ends as
+    floats; int only where both ends are ints), on a log scale with ``tag(log, ...)``; a choice is
+    categorical; a range is stepped over exactly the values Hydra's ``range`` gives (its stop
+    excluded, as preflight checks its ends; hydra-optuna-sweeper's included the stop)."""
     value, optuna = _parsed(key, text).value(), quiet_optuna()
     if not isinstance(value, (IntervalSweep, ChoiceSweep, RangeSweep)):
         return None
@@ -152,8 +154,8 @@ def _bad(key: str, text: str, problem: str, allowed: str) -> SearchRefused:
 
 def space(dims: List[Dimension]) -> Dict[str, Any]:
     """{key: Optuna distribution} of the dimensions that are searched (not plain values)."""
-    found = {dim.key: dim.distribution() for dim in dims}
-    return {key: found for key, found in found.items() if found is not None}
+    built = {dim.key: dim.distribution() for dim in dims}
+    return {key: dist for key, dist in built.items() if dist is not None}
 
 
 def grid(searched: Dict[str, Any]) -> Dict[str, List[Any]]:
@@ -289,7 +291,6 @@ def hold(sweep_dir: Path) -> List[Path]:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         handle.close()
-        release(sweep_dir, [])
         raise SearchRefused(
             f"hydra.sweep.dir={str(sweep_dir)!r} is not allowed: another search is running in it; allowed: wait "
             "for it to end (then this command resumes its study), or a new hydra.sweep.dir"
