@@ -184,6 +184,22 @@ def test_the_search_space_is_hydras_syntax_as_optuna_distributions():
     assert grid({"a": distribution("a", "range(2,10,3)"), "b": steps}) == {"a": [2, 5, 8], "b": [0.1, 0.2, 0.3]}
 
 
+def test_the_command_lines_last_word_on_a_key_says_whether_it_is_searched():
+    """As for any override: a plain value after a dimension (or over an experiment's) fixes the
+    key, a dimension after a value searches it (the job ran the plain value while its trial
+    recorded the searched one)."""
+    from omegaconf import OmegaConf
+
+    from unitrain.launch.search import dimensions, plain
+
+    params = {"optim.lr": "interval(0.01,0.1)", "trainer.steps": "range(1,4)"}
+    cfg = OmegaConf.create({"hydra": {"sweeper": {"params": params}}})
+    overrides = ["trainer.steps=2", "trainer.batch_size=range(4,12,4)", "trainer.batch_size=8"]
+    overrides += ["trainer.epochs=1", "trainer.epochs=range(1,3)"]
+    assert [d.key for d in dimensions(cfg, overrides)] == ["optim.lr", "trainer.epochs"]
+    assert plain(overrides) == ["trainer.steps=2", "trainer.batch_size=8"]
+
+
 def _study_with(sweep_dir, distribution, complete: int) -> None:
     sweep_dir.mkdir(parents=True)
     study = optuna.create_study(study_name="unitrain", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")

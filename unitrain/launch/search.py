@@ -58,9 +58,14 @@ class Dimension:
 def dimensions(cfg: DictConfig, overrides: List[str]) -> List[Dimension]:
     """The search space: ``hydra.sweeper.params`` and the sweep overrides of the command line."""
     texts = {str(k): str(v) for k, v in (OmegaConf.select(cfg, "hydra.sweeper.params") or {}).items()}
+    # The command line's last word on a key wins, as for any override: a plain value after a
+    # dimension (or over an experiment's) fixes the key for this command, a dimension after a value
+    # searches it.
     for override in OverridesParser.create().parse_overrides(overrides):
         if _searched(override):
             texts[override.get_key_element()] = str(override.input_line).partition("=")[2]
+        else:
+            texts.pop(override.get_key_element(), None)
     return [Dimension(key=key, text=text, ends=_ends(key, text)) for key, text in texts.items()]
 
 
@@ -83,9 +88,14 @@ def _ends(key: str, text: str) -> List[Any]:
 
 
 def plain(overrides: List[str]) -> List[str]:
-    """The overrides that are not dimensions of the search."""
+    """The overrides that are not dimensions of the search (nor values a later dimension replaces)."""
     parsed = OverridesParser.create().parse_overrides(overrides)
-    return [text for text, o in zip(overrides, parsed) if not _searched(o)]
+    searched_after = [{o.get_key_element() for o in parsed[i + 1 :] if _searched(o)} for i in range(len(parsed))]
+    return [
+        text
+        for text, o, later in zip(overrides, parsed, searched_after)
+        if not (_searched(o) or o.get_key_element() in later)
+    ]
 
 
 def _searched(override: Override) -> bool:
