@@ -135,6 +135,7 @@ BAD = [
     (["optim.lr=interval(0.1,0.001)"], "optim.lr=interval(0.1,0.001) is not allowed: its ends are reversed"),
     ([LR, "hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0 is not allowed: a whole number >= 1"),
     ([LR, "hydra.sweeper.n_trials=-1"], "hydra.sweeper.n_trials=-1 is not allowed: a whole number >= 1"),
+    ([LR, "hydra.sweeper.n_jobs=0"], "hydra.sweeper.n_jobs=0 is not allowed: a whole number >= 1"),
     (["hydra/sweeper/sampler=grid", LR], "GridSampler is not allowed over optim.lr (FloatDistribution("),
     (
         ["hydra.sweeper.sampler._target_=optuna.samplers.GridSampler", "optim.lr=interval(0.01,0.1)"],
