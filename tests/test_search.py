@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -23,7 +22,6 @@ LR = "optim.lr=tag(log,interval(0.001,0.5))"
 
 
 def _study(sweep_dir):
-    os.environ.setdefault("SQLALCHEMY_SILENCE_UBER_WARNING", "1")
     return optuna.load_study(study_name="unitrain", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
 
 
@@ -134,6 +132,23 @@ BAD = [
     ([LR, "objective.metric=time_to_target"], "objective.target=None is not allowed: the held-out top-1 to reach"),
     (["hydra.sweeper.params.optim.lr='interval(0.01,0.1)'"], "is not allowed on the command line"),
     ([LR, "hydra/sweeper=optunaa"], "hydra/sweeper='optunaa' is not allowed: one of basic, optuna"),
+    (["optim.lr=interval(0.1,0.001)"], "optim.lr=interval(0.1,0.001) is not allowed: its ends are reversed"),
+    ([LR, "hydra.sweeper.n_trials=0"], "hydra.sweeper.n_trials=0 is not allowed: a whole number >= 1"),
+    ([LR, "hydra.sweeper.n_trials=-1"], "hydra.sweeper.n_trials=-1 is not allowed: a whole number >= 1"),
+    ([LR, "hydra.sweeper.n_jobs=0"], "hydra.sweeper.n_jobs=0 is not allowed: a whole number >= 1"),
+    (["hydra/sweeper/sampler=grid", LR], "GridSampler is not allowed over optim.lr (FloatDistribution("),
+    (
+        ["hydra.sweeper.sampler._target_=optuna.samplers.GridSampler", "optim.lr=interval(0.01,0.1)"],
+        "allowed: choice(...) or range(...) dimensions",
+    ),
+    (["optim.lr=tag(logx,interval(0.01,0.1))"], "tag 'logx' means nothing to the search; allowed: tag(log, interval"),
+    (["optim.lr=tag(log,choice(0.01,0.1))"], "tag 'log' means nothing to the search"),
+    (["trainer.steps=range(5,1)"], "trainer.steps=range(5,1) is not allowed: it has no values"),
+    ([LR, "hydra.sweeper.storage=bogus://x"], "hydra.sweeper.storage='bogus://x' is not allowed: Can't load plugin"),
+    (
+        [LR, "hydra.sweeper.sampler._target_=optuna.samplers.Nope"],
+        "'optuna.samplers.Nope' is not allowed: Error locating",
+    ),
 ]
 
 
@@ -144,9 +159,50 @@ def test_a_search_that_cannot_start_is_one_line_before_anything_runs(tmp_path, a
     assert not (tmp_path / "multirun").exists()
 
 
+def test_a_refused_search_exits_2_in_one_line_and_leaves_no_folder_lock_or_study(tmp_path):
+    """As a user runs it: Optuna's storage refused (it used to be refused after the sweep's folder
+    and its lock were made, and left them)."""
+    done = run_unitrain([*SEARCH, "backend=torch", LR, "hydra.sweeper.storage=bogus://x"], tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
+    assert done.stderr.startswith("unitrain: error: hydra.sweeper.storage='bogus://x' is not allowed")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_the_search_space_is_hydras_syntax_as_optuna_distributions():
+    """An interval is continuous (Hydra's grammar reads its ends as floats; an int search is a
+    range), on a log scale where tagged; a range steps over exactly Hydra's values (its stop out);
+    a grid is every value of a choice or a range."""
+    from unitrain.launch.search import distribution, grid
+
+    d = optuna.distributions
+    assert distribution("a", "interval(1,8)") == d.FloatDistribution(1.0, 8.0)
+    assert distribution("a", "tag(log, interval(1e-4,0.1))") == d.FloatDistribution(1e-4, 0.1, log=True)
+    assert distribution("a", "range(2,10,3)") == d.IntDistribution(2, 8, step=3)
+    assert distribution("a", "range(0.25,1.0,0.25)") == d.FloatDistribution(0.25, 0.75, step=0.25)
+    assert distribution("a", "choice(sgd,adamw)") == d.CategoricalDistribution(["sgd", "adamw"])
+    assert distribution("a", "0.5") is None
+    steps = distribution("b", "range(0.1,0.35,0.1)")
+    assert grid({"a": distribution("a", "range(2,10,3)"), "b": steps}) == {"a": [2, 5, 8], "b": [0.1, 0.2, 0.3]}
+
+
+def test_the_command_lines_last_word_on_a_key_says_whether_it_is_searched():
+    """As for any override: a plain value after a dimension (or over an experiment's) fixes the
+    key, a dimension after a value searches it (the job ran the plain value while its trial
+    recorded the searched one)."""
+    from omegaconf import OmegaConf
+
+    from unitrain.launch.search import dimensions, plain
+
+    params = {"optim.lr": "interval(0.01,0.1)", "trainer.steps": "range(1,4)"}
+    cfg = OmegaConf.create({"hydra": {"sweeper": {"params": params}}})
+    overrides = ["trainer.steps=2", "trainer.batch_size=range(4,12,4)", "trainer.batch_size=8"]
+    overrides += ["trainer.epochs=1", "trainer.epochs=range(1,3)"]
+    assert [d.key for d in dimensions(cfg, overrides)] == ["optim.lr", "trainer.epochs"]
+    assert plain(overrides) == ["trainer.steps=2", "trainer.batch_size=8"]
+
+
 def _study_with(sweep_dir, distribution, complete: int) -> None:
     sweep_dir.mkdir(parents=True)
-    os.environ.setdefault("SQLALCHEMY_SILENCE_UBER_WARNING", "1")
     study = optuna.create_study(study_name="unitrain", storage=f"sqlite:///{sweep_dir / 'optuna.db'}")
     for i in range(complete):
         trial = optuna.trial.create_trial(params={"optim.lr": 0.01}, distributions={"optim.lr": distribution}, value=i)
@@ -154,13 +210,14 @@ def _study_with(sweep_dir, distribution, complete: int) -> None:
 
 
 def test_a_study_over_another_search_space_is_refused(tmp_path):
-    _study_with(tmp_path / "multirun", optuna.distributions.UniformDistribution(0.001, 0.2), complete=1)
+    _study_with(tmp_path / "multirun", optuna.distributions.FloatDistribution(0.001, 0.2), complete=1)
     said = refusal([*SEARCH, "backend=torch", LR, "hydra.sweeper.n_trials=3"], tmp_path)
-    assert "its study searched {optim.lr: UniformDistribution(" in said and "this search {optim.lr: LogUniform" in said
+    assert "its study searched {optim.lr: FloatDistribution(high=0.2, log=False" in said
+    assert "this search {optim.lr: FloatDistribution(high=0.5, log=True" in said
 
 
 def test_a_finished_study_is_refused_rather_than_run_again(tmp_path):
-    _study_with(tmp_path / "multirun", optuna.distributions.LogUniformDistribution(0.001, 0.5), complete=2)
+    _study_with(tmp_path / "multirun", optuna.distributions.FloatDistribution(0.001, 0.5, log=True), complete=2)
     said = refusal([*SEARCH, "backend=torch", LR, "hydra.sweeper.n_trials=2"], tmp_path)
     assert "hydra.sweeper.n_trials=2 is not allowed: the study in" in said and "has 2 finished trials" in said
     assert refusal([*SEARCH, "backend=torch", LR, "hydra.sweeper.n_trials=3"], tmp_path) is None

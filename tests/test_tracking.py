@@ -210,7 +210,8 @@ def _a_job_tracked_with_credentials_records_none(port: int, root) -> None:
         ("file:///tmp/mlruns", "MLflow 3 refuses its filesystem backend"),
         ("sqlite:////proc/mlflow.db", "an SQLite file this user can write; /proc cannot be written"),
         ("sqlite:////nowhere/at/all/mlflow.db", "/nowhere/at/all is not a folder"),
-        ("postgresql://u:s3cret@127.0.0.1/db", "postgresql needs psycopg2: pip install psycopg2-binary"),
+        ("postgresql://u:s3cret@127.0.0.1/db", "postgresql needs psycopg: pip install 'psycopg[binary]'"),
+        ("postgresql+psycopg2://u:s3cret@127.0.0.1/db", "postgresql needs psycopg2: pip install psycopg2-binary"),
         ("mysql://u:s3cret@127.0.0.1/db", "mysql needs MySQLdb: pip install mysqlclient"),
     ],
     ids=[
@@ -219,6 +220,7 @@ def _a_job_tracked_with_credentials_records_none(port: int, root) -> None:
         "file store",
         "sqlite unwritable",
         "sqlite no folder",
+        "no psycopg",
         "no psycopg2",
         "no mysql",
     ],

@@ -77,6 +77,21 @@ def test_wheel_in_fresh_venv_runs_outside_source_tree(tmp_path):
     assert summary["backend"] == "torch" and summary["steps"] == 3
     assert "| torch | tiny | O0 float32 | fp32 | 1 |" in run.stdout
 
+    # hydra/sweeper=optuna is in the wheel: Hydra's own scan of hydra_plugins finds it (an editable
+    # install's finder hides it from that scan), importing no Optuna, which only a search needs.
+    scan = "from hydra.core.plugins import Plugins; from hydra.plugins.sweeper import Sweeper; import sys; "
+    scan += "print([c.__module__ for c in Plugins.instance().discover(Sweeper)], 'optuna' in sys.modules)"
+    found = sh(python, "-c", scan, cwd=work)
+    assert "'hydra_plugins.unitrain_sweeper'" in found.stdout and found.stdout.strip().endswith("] False"), (
+        found.stdout + found.stderr
+    )
+    search = sh(python, "-m", "unitrain", "-m", "hydra/sweeper=optuna", "optim.lr=interval(0.01,0.1)", cwd=work)
+    assert search.returncode == 2 and search.stderr.strip() == (
+        "unitrain: error: hydra/sweeper=optuna needs Optuna, which is not installed; install it with: "
+        "pip install 'unitrain[sweeps]'"
+    )
+    assert not (work / "multirun").exists()
+
     missing = sh(python, "-m", "unitrain", "backend=paddle", "model=tiny", "hydra.run.dir=out2", cwd=work)
     assert missing.returncode == 2
     assert missing.stderr.strip().splitlines()[-1] == (

@@ -26,7 +26,6 @@ from unitrain.train import objective
 from unitrain.train.trainer import out_of_memory
 
 register_configs()
-search.register_resolvers()
 
 
 def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:

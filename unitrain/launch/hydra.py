@@ -66,6 +66,20 @@ def bare_argument(args: List[str]) -> Optional[str]:
     return None
 
 
+def register_sweeper() -> None:
+    """hydra/sweeper=optuna (unitrain's sweeper, hydra_plugins/unitrain_sweeper) known to Hydra.
+    Hydra finds it by listing the hydra_plugins namespace, which an editable install's finder
+    (pip install -e) does not list: imported and registered by name here, it is found either way;
+    after Hydra's own scan, so that it replaces another plugin's hydra/sweeper=optuna."""
+    from hydra.core.plugins import Plugins
+
+    plugins = Plugins.instance()  # scans hydra_plugins
+    from hydra_plugins.unitrain_sweeper import OptunaSweeper, register
+
+    register()
+    plugins.register(OptunaSweeper)
+
+
 def refusal(
     args: List[str], config_name: str = "config", validate: Optional[Callable[[Any], None]] = None
 ) -> Optional[str]:
@@ -77,6 +91,7 @@ def prepared(
     args: List[str], config_name: str = "config", validate: Optional[Callable[[Any], None]] = None
 ) -> Tuple[Optional[str], Dict[str, str]]:
     """The refusal of ``args`` (or None), and the overrides unitrain adds (a search's defaults)."""
+    register_sweeper()
     problem = bare_argument(args) or check_group_choices(args)
     if problem or preflight.quick_flags(args):
         return problem, {}

@@ -274,6 +274,7 @@ def _check_search(
 ) -> Dict[str, str]:
     """Every dimension of the search at its ends and choices, as a job would be checked; the
     sweep's directory; then what unitrain adds (:func:`unitrain.launch.search.completed`)."""
+    search.quiet_optuna()  # installed (the sweeps extra), said before anything else is checked
     dimensions = search.dimensions(first, overrides)
     if not dimensions:
         raise PreflightError(

@@ -58,7 +58,8 @@ class Search:
 
 
 def record(config: Any, sweep_dir: Path) -> None:
-    """What the report reads of a search (Hydra's Optuna sweeper writes no multirun.yaml)."""
+    """What the report reads of a search (Hydra's sweepers other than the basic one write no
+    multirun.yaml)."""
     OmegaConf.save(config, Path(sweep_dir) / RECORD)
 
 
@@ -68,7 +69,7 @@ def searches(dirs: Sequence[str | Path], target: Optional[float] = None) -> List
     for record in sorted({f.resolve() for d in map(Path, dirs) for f in results_under(d, RECORD)}):
         sweep = yaml.safe_load(record.read_text()) or {}
         sweeper = (sweep.get("hydra") or {}).get("sweeper") or {}
-        if objective.OPTUNA != sweeper.get("_target_"):
+        if sweeper.get("_target_") not in (objective.OPTUNA, objective.OPTUNA_BEFORE):
             continue
         found.append(_search(record.parent, sweep, sweeper, target))
     return found

@@ -103,8 +103,14 @@ def tracking_uri(root: Path) -> str:
 
 #: The database dialects MLflow stores runs in, as SQLAlchemy names them (``dialect+driver://``).
 DATABASES = ("sqlite", "postgresql", "mysql", "mssql")
-#: The pip package of a database driver whose module is not the package's name.
-_DRIVER_PACKAGES = {"psycopg2": "psycopg2-binary", "MySQLdb": "mysqlclient", "pymysql": "PyMySQL"}
+#: The pip package of a database driver whose module is not the package's name (SQLAlchemy 2.1
+#: reads postgresql:// as psycopg 3's, which needs libpq unless installed with its binary).
+_DRIVER_PACKAGES = {
+    "psycopg": "'psycopg[binary]'",
+    "psycopg2": "psycopg2-binary",
+    "MySQLdb": "mysqlclient",
+    "pymysql": "PyMySQL",
+}
 
 
 def public_uri(uri: str) -> str:

@@ -11,8 +11,10 @@ from typing import Any, Dict, Optional
 
 from omegaconf import OmegaConf
 
-#: The sweeper that searches (it reads each job's return).
-OPTUNA = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
+#: The sweeper that searches (it reads each job's return): unitrain's, hydra_plugins/unitrain_sweeper.
+OPTUNA = "hydra_plugins.unitrain_sweeper.OptunaSweeper"
+#: The one searches had before it (hydra-optuna-sweeper): their folders are still reported.
+OPTUNA_BEFORE = "hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper"
 #: objective.metric -> the direction a search optimizes it in (a language model's held-out
 #: measure is its loss: minimized).
 DIRECTIONS = {"heldout": "maximize", "time_to_target": "minimize"}
