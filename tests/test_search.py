@@ -62,7 +62,7 @@ def test_both_frameworks_get_the_same_proposals_from_the_same_seed(searched):
 
 @pytest.mark.slow
 def test_best_against_best_reports_each_frameworks_best_trial(searched, tmp_path):
-    from unitrain.report.search import rows, searches
+    from unitrain.report.hyperparameter_search import rows, searches
 
     out = tmp_path / "both"
     done = subprocess.run(
@@ -172,7 +172,7 @@ def test_the_search_space_is_hydras_syntax_as_optuna_distributions():
     """An interval is continuous (Hydra's grammar reads its ends as floats; an int search is a
     range), on a log scale where tagged; a range steps over exactly Hydra's values (its stop out);
     a grid is every value of a choice or a range."""
-    from unitrain.launch.search import distribution, grid
+    from unitrain.launch.hyperparameter_search import distribution, grid
 
     d = optuna.distributions
     assert distribution("a", "interval(1,8)") == d.FloatDistribution(1.0, 8.0)
@@ -191,7 +191,7 @@ def test_the_command_lines_last_word_on_a_key_says_whether_it_is_searched():
     recorded the searched one)."""
     from omegaconf import OmegaConf
 
-    from unitrain.launch.search import dimensions, plain
+    from unitrain.launch.hyperparameter_search import dimensions, plain
 
     params = {"optim.lr": "interval(0.01,0.1)", "trainer.steps": "range(1,4)"}
     cfg = OmegaConf.create({"hydra": {"sweeper": {"params": params}}})

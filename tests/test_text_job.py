@@ -277,7 +277,7 @@ def test_a_search_minimizes_the_held_out_loss(corpus, tmp_path):
     assert len(losses) == 2
     returned = [float(line.split("= ")[1]) for line in done.stdout.splitlines() if "objective heldout =" in line]
     assert returned == pytest.approx(losses, rel=1e-5)
-    from unitrain.report.search import searches
+    from unitrain.report.hyperparameter_search import searches
 
     (found,) = searches([tmp_path / "multirun"])
     assert found.direction == "minimize" and found.best().value == min(losses)

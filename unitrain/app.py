@@ -18,7 +18,7 @@ from unitrain.interface.launch import launch_module
 from unitrain.interface.modules import available_backends
 from unitrain.jobs.kind import JobKind
 from unitrain.jobs.select import job_kind, validate
-from unitrain.launch import search, slurm
+from unitrain.launch import hyperparameter_search, slurm
 from unitrain.launch.hydra import discard_refused, hydra_entry
 from unitrain.report.training import table, write_report
 from unitrain.tracking import mlflow_runs
@@ -95,7 +95,7 @@ def _raise_stopped(signum, frame) -> None:
 def _failed_trial(code: int) -> None:
     """A search goes on past a trial that failed (its objective is the worst value); any other
     job stops with the error's exit status."""
-    if search.searching(HydraConfig.get()):
+    if hyperparameter_search.searching(HydraConfig.get()):
         return None
     sys.exit(code)
 
@@ -103,7 +103,7 @@ def _failed_trial(code: int) -> None:
 @hydra.main(version_base=None, config_path="pkg://unitrain.conf", config_name="config")
 def _hydra_main(cfg: DictConfig) -> Optional[float]:
     summary = run(cfg)
-    if not search.searching(HydraConfig.get()):
+    if not hyperparameter_search.searching(HydraConfig.get()):
         return None
     result = objective.value(
         cfg.objective, summary, Path(HydraConfig.get().runtime.output_dir), cfg.data.name == "text"

@@ -4,7 +4,7 @@ Each trial is ``python -m unitrain <overrides> trainer.batch_size=B`` for a few 
 process of its own, with B doubling from ``--start`` until a trial does not fit, then bisecting.
 On an accelerator the framework's out-of-memory error decides; on the CPU, ``--memory-limit``
 stands for the device's memory. Writes ``maxbatch.json`` into ``--out``; the search is
-:mod:`unitrain.launch.batch_search`'s.
+:mod:`unitrain.launch.largest_batch`'s.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from unitrain.launch.arguments import OneLineParser
-from unitrain.launch.batch_search import Search, UsageError, has_accelerator, parse_megabytes
+from unitrain.launch.largest_batch import Search, UsageError, has_accelerator, parse_megabytes
 
 
 def _parser() -> argparse.ArgumentParser:

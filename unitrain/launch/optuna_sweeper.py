@@ -2,11 +2,11 @@
 
 The sweeper Hydra instantiates (``hydra_plugins.unitrain_sweeper``) hands the search to
 :class:`AskAndTell`: the study is created or loaded from its storage, each trial asked with the
-space's fixed distributions (:func:`unitrain.launch.search.space`), its job launched through
+space's fixed distributions (:func:`unitrain.launch.hyperparameter_search.space`), its job launched through
 Hydra's launcher in a folder numbered after the trial (a resumed study's jobs come after its old
 ones), and the value the job returned told; a job that raised or returned no number is a failed
 trial. The space, sampler, storage and trial count were checked before Hydra started
-(:func:`unitrain.launch.search.completed`), so what is refused here is refused there first.
+(:func:`unitrain.launch.hyperparameter_search.completed`), so what is refused here is refused there first.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from hydra.core.utils import JobReturn
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import DictConfig, OmegaConf
 
-from unitrain.launch import search
+from unitrain.launch import hyperparameter_search
 
 log = logging.getLogger(__name__)
 #: What the sweep directory gets at the end, as Hydra's own Optuna sweeper writes it.
@@ -57,14 +57,14 @@ class AskAndTell:
 
     def sweep(self, arguments: List[str]) -> None:
         """``n_trials`` trials, ``n_jobs`` at a time: asked, launched, told."""
-        optuna = search.quiet_optuna()
-        dims = search.dimensions(self.config, arguments)
-        searched = search.space(dims)
-        fixed = search.plain(arguments) + [f"{d.key}={d.text}" for d in dims if d.key not in searched]
+        optuna = hyperparameter_search.quiet_optuna()
+        dims = hyperparameter_search.dimensions(self.config, arguments)
+        searched = hyperparameter_search.space(dims)
+        fixed = hyperparameter_search.plain(arguments) + [f"{d.key}={d.text}" for d in dims if d.key not in searched]
         study = optuna.create_study(
             study_name=self.settings.study_name,
             storage=self.settings.storage,
-            sampler=search.sampler(self.settings.sampler, searched),
+            sampler=hyperparameter_search.sampler(self.settings.sampler, searched),
             direction=str(getattr(self.settings.direction, "name", self.settings.direction)),
             load_if_exists=True,
         )
@@ -81,9 +81,9 @@ class AskAndTell:
 
     def _trials(self, searched: Dict[str, Any]) -> int:
         """``n_trials``, at most one per point of a grid sampler's grid."""
-        if not search.is_grid(self.settings.sampler):
+        if not hyperparameter_search.is_grid(self.settings.sampler):
             return self.settings.n_trials
-        return min(self.settings.n_trials, math.prod(len(v) for v in search.grid(searched).values()))
+        return min(self.settings.n_trials, math.prod(len(v) for v in hyperparameter_search.grid(searched).values()))
 
     def _tell(self, study: Any, trials: Sequence[Any], returns: Sequence[JobReturn]) -> None:
         """Each trial's value: what its job returned, or a failed trial (the job raised, or
@@ -128,7 +128,7 @@ def _value(done: JobReturn) -> Optional[float]:
 
 
 def _state(value: Optional[float]) -> Any:
-    optuna = search.quiet_optuna()
+    optuna = hyperparameter_search.quiet_optuna()
     return optuna.trial.TrialState.FAIL if value is None else optuna.trial.TrialState.COMPLETE
 
 

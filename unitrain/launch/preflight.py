@@ -26,7 +26,7 @@ from unitrain.data.datasets import DATASETS, has_held_out
 from unitrain.errors import UnitrainError
 from unitrain.host.atomic import cannot_create_in
 from unitrain.host.threads import available_cores
-from unitrain.launch import search
+from unitrain.launch import hyperparameter_search
 
 #: OmegaConf's words for a value outside an Enum.
 _CHOICE = re.compile(r"Invalid value '(.*)', expected one of \[(.*)\]")
@@ -221,8 +221,8 @@ def check(
         )
     try:
         if multirun and config_name == "config":
-            (first,) = _composed(config_module, config_name, [search.plain(overrides)])
-            if search.searching(first.hydra):
+            (first,) = _composed(config_module, config_name, [hyperparameter_search.plain(overrides)])
+            if hyperparameter_search.searching(first.hydra):
                 return _check_search(first, overrides, config_module, validate)
         runs = _single_runs(overrides)
     except OverrideParseException as err:
@@ -273,15 +273,15 @@ def _check_search(
     first: DictConfig, overrides: List[str], config_module: str, validate: Optional[Callable[[Any], None]]
 ) -> Dict[str, str]:
     """Every dimension of the search at its ends and choices, as a job would be checked; the
-    sweep's directory; then what unitrain adds (:func:`unitrain.launch.search.completed`)."""
-    search.quiet_optuna()  # installed (the sweeps extra), said before anything else is checked
-    dimensions = search.dimensions(first, overrides)
+    sweep's directory; then what unitrain adds (:func:`unitrain.launch.hyperparameter_search.completed`)."""
+    hyperparameter_search.quiet_optuna()  # installed (the sweeps extra), said before anything else is checked
+    dimensions = hyperparameter_search.dimensions(first, overrides)
     if not dimensions:
         raise PreflightError(
             "hydra/sweeper=optuna has nothing to search: allowed: hydra.sweeper.params.<key>=interval(a,b), "
             "choice(...) or range(...), or key=interval(a,b) on the command line"
         )
-    base = search.plain(overrides)
+    base = hyperparameter_search.plain(overrides)
     _check_values(base, first, validate)
     for dim in dimensions:
         where = f"hydra.sweeper.params.{dim.key}={dim.text}: "
@@ -301,14 +301,14 @@ def _check_search(
     sweep_dir = Path(OmegaConf.select(first, "hydra.sweep.dir")).resolve()
     _writable_dir("hydra.sweep.dir", sweep_dir)
     taken = [p for p in sweep_dir.glob("*/") if _earlier_results(p)]
-    if taken and not search.resuming(first):
+    if taken and not hyperparameter_search.resuming(first):
         raise PreflightError(
             f"hydra.sweep.dir={str(sweep_dir)!r} is not allowed: it holds an earlier sweep's results "
             f"({taken[0].name}/) and no study to resume; allowed: a new directory"
         )
     try:
         # The directory as composed now: Hydra would read ${now:...} again, a second later.
-        return {"hydra.sweep.dir": str(sweep_dir), **search.completed(first, overrides)}
+        return {"hydra.sweep.dir": str(sweep_dir), **hyperparameter_search.completed(first, overrides)}
     except UnitrainError as err:
         raise PreflightError(str(err)) from None
 

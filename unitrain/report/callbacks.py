@@ -9,7 +9,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from unitrain.config.schema import Logger
-from unitrain.report import search as search_report
+from unitrain.report import hyperparameter_search as search_report
 from unitrain.report.runs import results_under
 from unitrain.report.training import write_report
 from unitrain.tracking import mlflow_runs

@@ -16,10 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from unitrain.report import hyperparameter_search as search_report
 from unitrain.report import inference as inference_report
 from unitrain.report import ps as ps_report
 from unitrain.report import quantize as quantize_report
-from unitrain.report import search as search_report
 from unitrain.report.fairness import fairness_warnings
 from unitrain.report.page import write_html
 from unitrain.report.plots import plot
