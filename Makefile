@@ -104,9 +104,10 @@ junit = $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/$(1).xml)
 
 # README's test command: every test not marked slow, under 12 minutes on 2 cores. The slow ones
 # (wheel install, multi-process jobs, multi-node hosts, quantization, parameter servers, the benchmark harness) run
-# with `make test-slow`; CI (.ci/run) runs both.
+# with `make test-slow`; CI (.ci/run) runs both. Two at a time, a test file to a worker: one at a
+# time kept a 2-core machine less than half busy (process start-ups, imports, Hydra).
 test: $(STAMP) $(PS_STAMP) fashion-mnist corpus
-	$(PY) -m pytest -q -m "not slow" --durations=10 $(call junit,fast)
+	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile --durations=10 $(call junit,fast)
 
 # Two at a time (pytest-xdist, a test file to a worker): most of their time is processes
 # starting, waiting for each other and ending; those that time how soon something ends or watch

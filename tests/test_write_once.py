@@ -485,6 +485,10 @@ NOT_EXPORTED_FOR_PADDLE: dict = {}
 #: MLP-Mixer and ResNet18 go as it does: measured, left out of CI for its 40 minutes), attention
 #: through the bridge, interpolation through the bridge. The Swin: tests/test_gallery_idioms.py.
 EXPORTED_IN_CI = ["efficientnet", "vit", "unet"]
+#: Whose torch half goes through export and int8 too. The torch half is the user's own code with
+#: the Paddle checkpoint's weights converted back, the same path for every model; what differs
+#: between the models is what Paddle's tracers make of the translated code.
+BOTH_HALVES = {"efficientnet"}
 
 
 @pytest.mark.slow
@@ -492,21 +496,23 @@ EXPORTED_IN_CI = ["efficientnet", "vit", "unet"]
 def test_a_converted_gallery_model_exports_and_quantizes_in_both_frameworks(project, tmp_path, name):
     """A Paddle checkpoint of the translated half: exported natively and to ONNX for both
     frameworks (each artifact checked against the checkpoint's logits by the command), and
-    dynamic int8 in both frameworks' toolkits, or one line where Paddle's cannot take it."""
+    dynamic int8 in both frameworks' toolkits (the torch half: ``BOTH_HALVES``), or one line
+    where Paddle's cannot take it."""
     root = tmp_path / "user"
     shutil.copytree(project, root)
     job = ["backend=paddle", "model=custom", converted(name), "model.paddle=convert", "data.image_size=16"]
     trained = run_unitrain([*job, "trainer.batch_size=8", "trainer.steps=2", "trainer.checkpoint_every=2"], root)
     assert trained.returncode == 0, trained.stderr[-2000:]
     run = str(trained.run_dir)
-    for framework in ("torch", "paddle"):
+    frameworks = ("torch", "paddle") if name in BOTH_HALVES else ("paddle",)
+    for framework in frameworks:
         out = root / f"export-{framework}"
         export = run_unitrain_module(
             root, "unitrain.export", run, "--format=native,onnx", f"--to={framework}", f"--out={out}"
         )
         if not _refused_as_expected(export, NOT_EXPORTED_FOR_PADDLE.get(name) if framework == "paddle" else None):
             assert len(json.loads((out / "export.json").read_text())["artifacts"]) == 2
-    for backend in ("paddle", "torch"):
+    for backend in frameworks:
         out = root / f"q-{backend}"
         args = [run, "method=dynamic", f"backend={backend}", *QUICK_QUANTIZE, f"hydra.run.dir={out}"]
         done = run_unitrain_module(root, "unitrain.quantize", *args)
