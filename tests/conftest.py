@@ -137,9 +137,13 @@ def descendants(pid: int) -> Set[int]:
     found, todo = set(), [pid]
     while todo:
         parent = todo.pop()
-        for task in Path(f"/proc/{parent}/task").glob("*"):
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:  # it ended while we looked (glob raises then, in Python 3.11)
+            continue
+        for task in tasks:
             try:
-                children = {int(c) for c in (task / "children").read_text().split()}
+                children = {int(c) for c in Path(f"/proc/{parent}/task/{task}/children").read_text().split()}
             except OSError:
                 continue
             todo += list(children - found)

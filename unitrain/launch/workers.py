@@ -91,9 +91,13 @@ def main_process_args() -> List[str]:
 
 def _children(pid: int) -> List[int]:
     found = []
-    for task in Path(f"/proc/{pid}/task").glob("*"):
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:  # it ended meanwhile (a glob there raises then)
+        return found
+    for task in tasks:
         try:
-            found += [int(c) for c in (task / "children").read_text().split()]
+            found += [int(c) for c in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
         except OSError:
             pass
     return found
