@@ -231,7 +231,7 @@ def completed(cfg: DictConfig, overrides: List[str]) -> Dict[str, str]:
             raise SearchRefused(f"hydra.sweeper.{key}={sweeper[key]} is not allowed: a whole number >= 1")
     searched = space(dimensions(cfg, overrides))
     sampler(sweeper.sampler, searched)
-    storage = sweeper.storage or f"sqlite:///{Path(cfg.hydra.sweep.dir).resolve() / STORAGE}"
+    storage = _storage(cfg)
     _check_storage(storage)
     added = {
         "hydra.sweeper.direction": wanted,
@@ -328,9 +328,13 @@ def _name(value: Any) -> str:
 
 def resuming(cfg: DictConfig) -> bool:
     """Whether the sweep's directory holds this search's study, which it continues."""
-    storage = cfg.hydra.sweeper.storage or f"sqlite:///{Path(cfg.hydra.sweep.dir).resolve() / STORAGE}"
-    path = _sqlite_file(storage)
+    path = _sqlite_file(_storage(cfg))
     return path is not None and path.exists()
+
+
+def _storage(cfg: DictConfig) -> str:
+    """The study's storage: ``hydra.sweeper.storage``, else optuna.db in the sweep's directory."""
+    return cfg.hydra.sweeper.storage or f"sqlite:///{Path(cfg.hydra.sweep.dir).resolve() / STORAGE}"
 
 
 def _sqlite_file(storage: str) -> Optional[Path]:
