@@ -450,7 +450,8 @@ def speed_markdown(record: dict) -> str:
     ]
     if sgemm:
         lines[-1] += (
-            f" torch's sgemm ({SGEMM_SIZE}^3, {s['threads']} threads) ran at {sgemm:.1f} GFLOP/s here "
+            f" torch's sgemm ({peak.get('sgemm_size', SGEMM_SIZE)}^3, {s['threads']} threads) ran at "
+            f"{sgemm:.1f} GFLOP/s here "
             f"({peak.get('sgemm_measured', '?')}, other work {_cpus(peak.get('sgemm_other_cpus'))} CPUs), "
             f"{100 * sgemm / peak['peak_gflops']:.0f}% of that peak; against it, MFU is "
             + ", ".join(
@@ -479,11 +480,11 @@ print(best)
 """
 
 
-def measure_sgemm(threads: int, idle_wait_s: float) -> Dict[str, object]:
+def measure_sgemm(threads: int, idle_wait_s: float, size: int = SGEMM_SIZE) -> Dict[str, object]:
     """:func:`sgemm_gflops` once other work is gone (waiting up to ``idle_wait_s``), and when."""
     idle = wait_for_idle(contention.BUSY_CPUS, idle_wait_s) if idle_wait_s else None
     before, children = contention.sample(), os.times()
-    gflops = sgemm_gflops(threads)
+    gflops = sgemm_gflops(threads, size)
     after, done = contention.sample(), os.times()
     others = None
     if before.busy_s is not None and after.busy_s is not None and after.wall_s > before.wall_s:
@@ -493,18 +494,19 @@ def measure_sgemm(threads: int, idle_wait_s: float) -> Dict[str, object]:
         others = max(0.0, (after.busy_s - before.busy_s - own) / (after.wall_s - before.wall_s))
     return {
         "sgemm_gflops": gflops,
+        "sgemm_size": size,
         "sgemm_measured": time.strftime("%Y-%m-%d %H:%M"),
         "sgemm_idle_before": idle,
         "sgemm_other_cpus": others,
     }
 
 
-def sgemm_gflops(threads: int) -> Optional[float]:
-    """The best of 5 timings of five torch float32 matmuls of SGEMM_SIZE^3 with ``threads``
+def sgemm_gflops(threads: int, size: int = SGEMM_SIZE) -> Optional[float]:
+    """The best of 5 timings of five torch float32 matmuls of ``size``^3 with ``threads``
     threads: what this CPU's clock and vector units give a large, well-blocked GEMM."""
     try:
         out = subprocess.run(
-            [sys.executable, "-c", _SGEMM, str(threads), str(SGEMM_SIZE)], capture_output=True, text=True, timeout=300
+            [sys.executable, "-c", _SGEMM, str(threads), str(size)], capture_output=True, text=True, timeout=300
         )
         return float(out.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.SubprocessError, ValueError, IndexError):
@@ -525,7 +527,7 @@ def speed(args) -> int:
     nice = contention.raise_priority()
     peak = cpu_peak(args.flops_per_cycle)
     quiet = wait_for_quiet(args.quiet_load, args.wait_s) if args.wait_s else {"load": loadavg(), "waited_s": 0}
-    peak.update(measure_sgemm(s.threads, args.idle_wait_s))
+    peak.update(measure_sgemm(s.threads, args.idle_wait_s, args.sgemm_size))
     earlier = _earlier(args.out, s)
     results: Dict[str, List[dict]] = dict(earlier.get("runs", {}))
     discarded: Dict[str, List[dict]] = dict(earlier.get("discarded", {}))
@@ -674,9 +676,9 @@ def loss(args) -> int:
             run_dir = args.out / backend
             if run_dir.exists():
                 shutil.rmtree(run_dir)
-            cmd = char_gpt_command(
-                backend, corpus, args.steps, args.threads, run_dir, f"trainer.eval_every={args.eval_every}"
-            )
+            overrides = [f"trainer.eval_every={args.eval_every}"]
+            overrides += [f"data.val_samples={args.val_samples}"] if args.val_samples else []
+            cmd = char_gpt_command(backend, corpus, args.steps, args.threads, run_dir, *overrides)
             t = timed(processes, cmd, f"unitrain {backend}", cwd=ROOT)
             for extra in run_dir.iterdir():  # checkpoints and the like: not kept
                 if extra.name not in KEEP and extra.name != ".hydra":
@@ -731,6 +733,7 @@ def loss(args) -> int:
         "date": time.strftime("%Y-%m-%d"),
         "steps": args.steps,
         "eval_every": args.eval_every,
+        "val_samples": args.val_samples,  # None: char_gpt's own
         "threads": args.threads,
         "corpus": args.corpus,
         "target": target,
@@ -794,10 +797,17 @@ def main() -> int:
         help="before each pair, wait at most this long for other work to take under a quarter CPU (0: do not wait)",
     )
     p.add_argument("--flops-per-cycle", type=int, help="fp32 FLOPs a cycle a core (default: from the CPU's flags)")
+    p.add_argument(
+        "--sgemm-size",
+        type=int,
+        default=SGEMM_SIZE,
+        help=f"the sgemm reference's matrix size (default {SGEMM_SIZE}; smaller is quicker and further below the peak)",
+    )
     p.add_argument("--out", type=Path, default=HERE / "results" / "gpt")
     p = sub.add_parser("loss", parents=[common], help="held-out loss against steps, both frameworks")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--val-samples", type=int, help="held-out windows an evaluation takes (default: char_gpt's 500)")
     p.add_argument("--target", type=float, help=f"held-out loss (default: {NANOGPT_CPU_LOSS} if both reach it)")
     p.add_argument("--out", type=Path, default=HERE / "results" / "gpt_loss")
     p = sub.add_parser("report", help="gpt.md again from --out's gpt.json")

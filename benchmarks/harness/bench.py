@@ -49,7 +49,9 @@ class Bench:
         self.tuned_settings = tuned_settings
         # --quick at 32x32: at 16x16 the tiny ResNet's layer4 sees one pixel, where torch's oneDNN bf16
         # convolution backward gives NaN gradients at random on AVX-512 CPUs (benchmarks/README.md, "oneDNN bf16 NaN").
-        self.size = Size("tiny", 32, 8, 2) if quick else Size("resnet18", 32, 30, 5)
+        # Its 3 steps (1 of warm-up) are what checking a row needs: beside other work, each step of a
+        # 2-thread job costs most of a CPU second, and --quick starts dozens of jobs.
+        self.size = Size("tiny", 32, 3, 1) if quick else Size("resnet18", 32, 30, 5)
         self.batch = 16
         self.quick = quick
         self.runs = 0

@@ -4,33 +4,30 @@ from __future__ import annotations
 
 import os
 import platform
-import subprocess
-import sys
+from importlib import metadata
 from typing import Dict
 
 from unitrain.host.machine import FLAGS
 from unitrain.host.machine import cpu as cpu_info
 
 
-def framework_version(module: str) -> str:
-    # A child interpreter: a framework missing or failing to import gives "?", not the harness's end.
-    try:
-        return (
-            subprocess.run(
-                [sys.executable, "-c", f"import {module}; print({module}.__version__)"],
-                capture_output=True,
-                text=True,
-            )
-            .stdout.strip()
-            .splitlines()[-1]
-        )
-    except IndexError:
-        return "?"
+def framework_versions(modules=("torch", "paddle")) -> Dict[str, str]:
+    """Each module's installed version, read from its distribution's metadata (paddle's is
+    paddlepaddle, or paddlepaddle-gpu): importing torch and paddle costs seconds of CPU a run;
+    "?" for one that is not installed."""
+    found = metadata.packages_distributions()
+    versions = {}
+    for module in modules:
+        try:
+            versions[module] = metadata.version(found[module][0])
+        except (KeyError, IndexError, metadata.PackageNotFoundError):
+            versions[module] = "?"
+    return versions
 
 
 def machine() -> Dict[str, str]:
     info = cpu_info()
-    versions = {module: framework_version(module) for module in ("torch", "paddle")}
+    versions = framework_versions()
     extensions = " ".join(info["extensions"] or []) or "none of " + " ".join(FLAGS)
     # The vendor too: Paddle's MKL chooses its kernels by it (backends/paddle/blas.py).
     return {
