@@ -166,6 +166,25 @@ def test_collective_jobs_refuse_the_parameter_server_model(tmp_path):
     )
 
 
+def test_the_engine_probe_is_asked_once_per_installation(tmp_path, monkeypatch):
+    """Its answer is kept for the interpreter, framework and backend it was asked of; another
+    launcher environment asks again, and a probe that could not load the backend is not kept."""
+    from unitrain.ps import engine_check
+
+    monkeypatch.setenv("UNITRAIN_CACHE", str(tmp_path / "cache"))
+    asked = []
+    answers = {"torch": engine_check.Answer(None, lasting=True), "paddle": engine_check.Answer("no", lasting=False)}
+
+    def probe(backend, env):
+        asked.append((backend, dict(env)))
+        return answers[backend]
+
+    monkeypatch.setattr(engine_check, "_probe", probe)
+    for backend, env in (("torch", {}), ("torch", {}), ("torch", {"FLAGS_x": "1"}), ("paddle", {}), ("paddle", {})):
+        assert engine_check.engine_problem(backend, env) == answers[backend].problem
+    assert asked == [("torch", {}), ("torch", {"FLAGS_x": "1"}), ("paddle", {}), ("paddle", {})]
+
+
 # --- real jobs ----------------------------------------------------------------------------------
 def _check_job(result, mode: str, servers: int, trainers: int) -> dict:
     assert result.returncode == 0, result.stderr[-3000:]
