@@ -61,11 +61,34 @@ def test_tables_create_rows_when_ids_are_first_seen_whatever_the_buckets(backend
     assert large["eval"]["val_auc"] > MIN_AUC
 
 
+#: A torch sync job checkpointed every 10 steps (10, 20 and the last, 23, all kept), run once per
+#: optimizer for the module: the tests that compare it with one process, resume it or refuse to
+#: resume it read the same run. SGD at its own rate, Adam at 0.01.
+SYNC_CHECKPOINTED = ["dist.ps.sync=sync", "trainer.checkpoint_every=10", "trainer.keep_checkpoints=0"]
+SYNC_RATES = {"sgd": [], "adam": ["optim.lr=0.01"]}
+
+
+@pytest.fixture(scope="module")
+def torch_sync(tmp_path_factory):
+    made = {}
+
+    def run(optim: str):
+        if optim not in made:
+            args = [f"optim={optim}", *SYNC_RATES[optim], *SYNC_CHECKPOINTED]
+            made[optim] = (args, _job(args, tmp_path_factory.mktemp(f"sync-{optim}")))
+        return made[optim]
+
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("optim", ["adagrad", "adam"])
-def test_torch_sync_with_adaptive_rules_equals_one_process_at_the_combined_batch(optim, tmp_path):
+def test_torch_sync_with_adaptive_rules_equals_one_process_at_the_combined_batch(optim, tmp_path, torch_sync):
     common = [f"optim={optim}", "optim.lr=0.01", "trainer.checkpoint_every=1000"]
-    sync = _job([*common, "dist.ps.sync=sync"], tmp_path / "sync").summary()
+    if optim in SYNC_RATES:
+        sync = torch_sync(optim)[1].summary()
+    else:
+        sync = _job([*common, "dist.ps.sync=sync"], tmp_path / "sync").summary()
     local = _job([*common, "dist.ps.servers=0", "dist.ps.trainers=1", "trainer.batch_size=128"], tmp_path / "local")
     local = local.summary()
     assert sync["observed"]["sparse_rule"] == local["observed"]["sparse_rule"] == optim
@@ -79,22 +102,23 @@ def test_torch_sync_with_adaptive_rules_equals_one_process_at_the_combined_batch
 
 
 @pytest.mark.slow
-def test_torch_sync_sgd_equals_one_process_to_rounding(tmp_path):
-    common = ["optim.lr=0.1", "trainer.checkpoint_every=1000"]
-    _job([*common, "dist.ps.sync=sync"], tmp_path / "sync")
-    _job([*common, "dist.ps.servers=0", "dist.ps.trainers=1", "trainer.batch_size=128"], tmp_path / "local")
-    a, b = (_table(tmp_path / d / "run" / "checkpoints" / "step23") for d in ("sync", "local"))
+def test_torch_sync_sgd_equals_one_process_to_rounding(tmp_path, torch_sync):
+    sync = torch_sync("sgd")[1].run_dir / "checkpoints" / "step23"
+    _job(
+        ["trainer.checkpoint_every=1000", "dist.ps.servers=0", "dist.ps.trainers=1", "trainer.batch_size=128"], tmp_path
+    )
+    local = tmp_path / "run" / "checkpoints" / "step23"
+    a, b = _table(sync), _table(local)
     assert np.array_equal(a["ids"], b["ids"])
     assert np.abs(a["weights"] - b["weights"]).max() < 1e-6
-    dense = [torch.load(tmp_path / d / "run" / "checkpoints" / "step23" / "dense.pt") for d in ("sync", "local")]
+    dense = [torch.load(d / "dense.pt") for d in (sync, local)]
     assert max((dense[0]["tower"][k] - dense[1]["tower"][k]).abs().max().item() for k in dense[0]["tower"]) < 1e-5
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("optim", ["sgd", "adam"])
-def test_torch_sync_resumed_from_a_checkpoint_ends_bit_for_bit_as_an_uninterrupted_run(optim, tmp_path):
-    common = [f"optim={optim}", "optim.lr=0.01", "dist.ps.sync=sync", "trainer.checkpoint_every=10"]
-    whole = _job([*common, "trainer.keep_checkpoints=0"], tmp_path / "whole")
+def test_torch_sync_resumed_from_a_checkpoint_ends_bit_for_bit_as_an_uninterrupted_run(optim, tmp_path, torch_sync):
+    common, whole = torch_sync(optim)
     assert sorted(p.name for p in (whole.run_dir / "checkpoints").glob("step*")) == ["step10", "step20", "step23"]
     resumed = _job([*common, f"trainer.resume={whole.run_dir / 'checkpoints' / 'step10'}"], tmp_path / "resumed")
     summary = resumed.summary()
@@ -112,8 +136,8 @@ def test_torch_sync_resumed_from_a_checkpoint_ends_bit_for_bit_as_an_uninterrupt
 
 
 @pytest.mark.slow
-def test_a_checkpoint_of_other_tables_is_refused_in_one_line(tmp_path):
-    whole = _job(["dist.ps.sync=sync", "trainer.checkpoint_every=10"], tmp_path / "whole")
+def test_a_checkpoint_of_other_tables_is_refused_in_one_line(tmp_path, torch_sync):
+    common, whole = torch_sync("sgd")
     result = run_unitrain(
         [*SMALL, *TORCH, "optim=adam", f"trainer.resume={whole.run_dir}"], tmp_path / "other", python=sys.executable
     )
@@ -122,7 +146,7 @@ def test_a_checkpoint_of_other_tables_is_refused_in_one_line(tmp_path):
     assert len(lines) == 1 and "optim.name='sgd'" in lines[0] and "this job has 'adam'" in lines[0]
     # The end of the job: nothing left to run, said once by the trainers that found it.
     done = run_unitrain(
-        [*SMALL, *TORCH, "dist.ps.sync=sync", f"trainer.resume={whole.run_dir}"],
+        [*SMALL, *TORCH, *common, f"trainer.resume={whole.run_dir}"],
         tmp_path / "again",
         python=sys.executable,
     )
