@@ -10,11 +10,9 @@ import logging
 import os
 import shlex
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Optional
 
 from unitrain.config.schema import PS_DATASETS, PS_MODELS, PS_OPTIMIZERS, UnitrainConfig
 from unitrain.config.validation import at_least, one_of, positive
@@ -24,7 +22,6 @@ from unitrain.errors import ConfigError, Refusal, UnitrainError
 from unitrain.host.memory import available_mb
 from unitrain.host.network import addresses
 from unitrain.interface.launch import Beside, Launcher, launch_module
-from unitrain.interface.modules import module_path
 from unitrain.interface.ps import PsLayout
 from unitrain.interface.validation import validation_module
 from unitrain.jobs.kind import Processes, Summary
@@ -41,6 +38,7 @@ from unitrain.launch.supervise import (
 )
 from unitrain.launch.workers import LogFollower
 from unitrain.ps import checkpoint
+from unitrain.ps.engine_check import engine_problem
 from unitrain.ps.job import summarize
 
 log = logging.getLogger("unitrain")
@@ -269,19 +267,6 @@ def _check_feed(cfg: UnitrainConfig) -> None:
             raise ConfigError(key, value, f"{allowed} {why}")
 
 
-def engine_problem(cfg: UnitrainConfig, launcher: Launcher) -> Optional[str]:
-    """Why the installed framework cannot run a parameter-server job, asked of the backend's ps
-    module in a child process (this one imports no framework), or None."""
-    probe = f"import {module_path(cfg.backend.name, 'ps')} as m; print(m.engine_problem() or '')"
-    done = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, env={**os.environ, **launcher.ps_env}
-    )
-    if done.returncode != 0:
-        tail = (done.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return f"backend={cfg.backend.name} could not be loaded for a parameter-server job: {tail}"
-    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else None
-
-
 def launch(cfg: UnitrainConfig, run_dir: Path, processes: Processes) -> Summary:
     """Run this node's servers and trainers through the framework's launcher, or, with
     dist.ps.servers=0, the one process directly; returns the job's summary (None on a node
@@ -289,7 +274,7 @@ def launch(cfg: UnitrainConfig, run_dir: Path, processes: Processes) -> Summary:
     run_dir = Path(run_dir).resolve()
     _check_host(cfg)
     launcher = launch_module(cfg.backend.name).LAUNCHER
-    problem = engine_problem(cfg, launcher)
+    problem = engine_problem(cfg.backend.name, launcher.ps_env)
     if problem:
         # This environment's framework cannot run the job as configured: nothing is left behind.
         raise Refusal(problem)
