@@ -77,9 +77,9 @@ def validate(cfg: QuantizeConfig) -> None:
         raise ConfigError("qat.lr", cfg.qat.lr, "a finite number > 0, or null for 1% of the job's lr")
     if cfg.min_iters < 1 or cfg.warmup < 0 or not 0 <= cfg.min_time_s < float("inf"):
         raise ConfigError("min_iters", cfg.min_iters, "min_iters >= 1, warmup >= 0 and a finite min_time_s >= 0")
-    if not 2 <= cfg.pairs <= MAX_PAIRS:
+    if cfg.pairs != 0 and not 2 <= cfg.pairs <= MAX_PAIRS:
         raise ConfigError(
-            "pairs", cfg.pairs, f"an integer from 2 to {MAX_PAIRS} (interleaved pairs behind each speed-up)"
+            "pairs", cfg.pairs, f"0 (no speed-ups) or 2 to {MAX_PAIRS} (interleaved pairs behind each speed-up)"
         )
     if cfg.eval_samples < 0:
         raise ConfigError("eval_samples", cfg.eval_samples, "an integer >= 0 (0: all)")
@@ -210,13 +210,14 @@ class Quantization:
 
 def _resolve(cfg: QuantizeConfig, out_dir: Path) -> Quantization:
     validate(cfg)
+    # Before the toolkits are imported (a framework's import takes seconds): nothing is overwritten.
+    if (out_dir / RESULT).exists():
+        raise UnitrainError(f"{out_dir} already holds {RESULT}; allowed: a new run directory (nothing is overwritten)")
     path = find_checkpoint(cfg.source, [Path.cwd() / "runs", Path.cwd() / "multirun"], key="source")
     meta = read_image_meta(path, "unitrain.quantize")
     framework = cfg.backend.name if cfg.backend else meta["framework"]
     toolkit = quantize_module(framework)
     _check_toolkits(framework, toolkit, cfg)
-    if (out_dir / RESULT).exists():
-        raise UnitrainError(f"{out_dir} already holds {RESULT}; allowed: a new run directory (nothing is overwritten)")
     job = artifacts.job_config(meta["config"])
     threads = cfg.threads or len(os.sched_getaffinity(0))
     # 7-bit activations where the CPU lacks VNNI: the AVX2 int8 dot product saturates otherwise.
@@ -386,7 +387,9 @@ def _speedups(
     q: Quantization, rows: List[Dict[str, Any]], fp32_dir: Path, int8_dir: Path, manifest: Dict[str, Any]
 ) -> Dict[Tuple[str, str], Dict[str, Any]]:
     """(int8 file, runtime) -> its speed-up over the fp32 artifact of the same format in the same
-    runtime, at the largest batch, as interleaved pairs in one process."""
+    runtime, at the largest batch, as interleaved pairs in one process (``pairs=0``: none)."""
+    if not q.cfg.pairs:  # the table's column shows "-", as for a row without a baseline
+        return {}
     fp32 = {a.name: a for a in artifacts.locate(str(fp32_dir))[1]}
     int8 = {a.name: a for a in artifacts.locate(str(int8_dir))[1]}
     batch, found = max(q.cfg.batches), {}
