@@ -180,7 +180,7 @@ def test_quantize_the_pair_in_the_other_framework(trained):
         str(torch_run),
         "method=dynamic",
         "backend=paddle",
-        "pairs=2",
+        "pairs=0",
         "min_time_s=0.1",
         "min_iters=2",
         "eval_samples=32",

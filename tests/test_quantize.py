@@ -24,7 +24,7 @@ pytest.importorskip("onnxruntime", reason="quantization tests need the export ex
 #: loss is about 0.03 (top-1 0.99) and ONNX Runtime and the simulations lose at most 0.4 points.
 TRAIN = ["data=learnable", "data.val_samples=256", "trainer.steps=120", "trainer.checkpoint_every=120"]
 #: One batch size: torch.compile compiles once per batch size, and that is most of a test's time.
-QUICK = ["batches=[4]", "min_time_s=0", "min_iters=3", "warmup=1", "calib_batches=4", "calib_batch_size=8", "pairs=2"]
+QUICK = ["batches=[4]", "min_time_s=0", "min_iters=3", "warmup=1", "calib_batches=4", "calib_batch_size=8"]
 #: Held-out top-1 a quantized model may lose against fp32 on the learnable data, in points
 #: (256 held-out samples: one sample is 0.39 points). ONNX Runtime and the simulated programs
 #: (torch eager, Paddle Inference without int8) lost at most 1.2.
@@ -76,8 +76,11 @@ QUANTIZER_NOISE = (
 )
 
 
-def quantize(source: Path, out: Path, *overrides: str):
-    return run_unitrain([str(source), *overrides], out, module="unitrain.quantize", timeout=900)
+def quantize(source: Path, out: Path, *overrides: str, pairs: int = 0):
+    """No speed-ups unless a test asserts them (``pairs``): each is a process of its own that
+    loads, and torch.compile compiles, both models again."""
+    args = [str(source), *overrides, f"pairs={pairs}"]
+    return run_unitrain(args, out, module="unitrain.quantize", timeout=900)
 
 
 def rows(run_dir: Path):
@@ -100,7 +103,7 @@ def assert_close_to_fp32(table):
 
 @pytest.mark.slow
 def test_static_torch_runs_int8_kernels_in_inductor_and_onnxruntime(trained, tmp_path):
-    result = quantize(trained["torch"], tmp_path, "method=static", *QUICK)
+    result = quantize(trained["torch"], tmp_path, "method=static", *QUICK, pairs=2)
     assert result.returncode == 0, result.stderr[-3000:]
     assert [n for n in QUANTIZER_NOISE if n in result.stdout + result.stderr] == [], result.stderr[-3000:]
     table = rows(result.run_dir)
@@ -142,6 +145,7 @@ def test_dynamic_torch_stores_int8_weights_and_computes_in_fp32(trained, tmp_pat
         row = table[("model.torch.dynamic.pt2", runtime)]
         assert row["effective"] == "int8 weights, fp32 compute" and row["kernels"]["dequantize"] > 0
         assert row["size_vs_fp32"] < 0.8
+        assert row["speedup"] == {}  # pairs=0: no speed-up measured
 
 
 @pytest.mark.slow
@@ -162,7 +166,7 @@ def test_qat_torch_fine_tunes_in_the_training_loop_and_runs_int8(trained, tmp_pa
 def test_paddle_static_and_qat_run_onednn_int8_kernels(trained, tmp_path):
     """A multirun over two methods: one table, and Paddle Inference's int8 read from the program
     it runs after its passes (fused_conv2d with mkldnn_data_type=int8)."""
-    args = [str(trained["paddle"]), "method=static,qat", "qat.steps=3", *QUICK]
+    args = [str(trained["paddle"]), "method=static,qat", "qat.steps=3", *QUICK, "pairs=0"]
     sweep = tmp_path / "multirun"
     proc = subprocess.run(
         [sys.executable, "-m", "unitrain.quantize", "-m", *args, f"hydra.sweep.dir={sweep}"],
@@ -243,6 +247,17 @@ def test_bad_input_gives_one_line(trained, tmp_path, args, expected):
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert expected in lines[-1], lines[-1]
     assert not (result.run_dir / "quantize.json").exists() and not (result.run_dir / "int8").exists()
+
+
+@pytest.mark.parametrize("pairs", [1, -2, 101])
+def test_pairs_are_none_or_at_least_two(pairs):
+    from unitrain.config.schema import QuantizeConfig
+    from unitrain.deploy.quantize import validate
+    from unitrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="0 .no speed-ups. or 2 to 100"):
+        validate(QuantizeConfig(source="run", pairs=pairs))
+    validate(QuantizeConfig(source="run", pairs=0))
 
 
 def test_missing_source_is_one_line(tmp_path):

@@ -41,7 +41,7 @@ TRAIN = [
 ]
 FOUR = {"model.torch.pt2", "model.torch.onnx", "model.paddle.json", "model.paddle.onnx"}
 #: The quantize runs, short: one batch size (torch.compile compiles once per batch size).
-QUICK = ["batches=[4]", "min_time_s=0", "min_iters=2", "warmup=1", "pairs=2", "eval_samples=16"]
+QUICK = ["batches=[4]", "min_time_s=0", "min_iters=2", "warmup=1", "eval_samples=16"]
 #: gpt_nano's Linears: qkv, proj, fc1, fc2 in each of its 2 blocks, and the tied head (torch
 #: F.linear on the token embedding; Paddle a matmul of the embedding, not a Linear layer).
 LINEARS = 9
@@ -316,10 +316,11 @@ def test_infer_times_every_artifact_in_tokens_per_second(exported, tmp_path):
     assert "tokens/s (batch 4)" in table and "held-out next-token top-1" in table and "img/s" not in table
 
 
-def quantize(run_dir: Path, out: Path, *overrides: str):
-    return run_unitrain(
-        [str(run_dir), "method=dynamic", *QUICK, *overrides], out, module="unitrain.quantize", timeout=900
-    )
+def quantize(run_dir: Path, out: Path, *overrides: str, pairs: int = 0):
+    """No speed-ups unless a test asserts them (``pairs``): each is a process of its own that
+    loads, and torch.compile compiles, both models again."""
+    args = [str(run_dir), "method=dynamic", *QUICK, *overrides, f"pairs={pairs}"]
+    return run_unitrain(args, out, module="unitrain.quantize", timeout=900)
 
 
 def quantized_rows(run_dir: Path) -> Dict:
@@ -343,7 +344,7 @@ def test_dynamic_int8_in_torch_and_onnx_runtime_is_observed_and_close_to_fp32(te
     runtimes' graphs say so); ONNX Runtime's dynamic quantization runs every Linear as an integer
     kernel and leaves the attention's activation matmuls float. Logits and held-out loss stay
     close to fp32; every speed-up is an interval of interleaved pairs."""
-    result = quantize(text_run, tmp_path)
+    result = quantize(text_run, tmp_path, pairs=2)
     assert result.returncode == 0, result.stderr[-3000:]
     out = result.run_dir
     table = quantized_rows(out)
