@@ -146,6 +146,7 @@ def test_dynamic_torch_stores_int8_weights_and_computes_in_fp32(trained, tmp_pat
         assert row["effective"] == "int8 weights, fp32 compute" and row["kernels"]["dequantize"] > 0
         assert row["size_vs_fp32"] < 0.8
         assert row["speedup"] == {}  # pairs=0: no speed-up measured
+    assert "No speed-ups measured (pairs=0)." in (result.run_dir / "quantize.md").read_text()
 
 
 @pytest.mark.slow

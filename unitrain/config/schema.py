@@ -497,7 +497,7 @@ class QuantizeConfig:
     min_iters: int = 20
     warmup: int = 5
     # Interleaved pairs of runs behind each speed-up (int8 against the same job's fp32 artifact,
-    # in the same runtime and process).
+    # in the same runtime and process); 0: no speed-ups measured.
     pairs: int = 10
     qat: QatConfig = field(default_factory=QatConfig)
 

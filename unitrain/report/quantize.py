@@ -198,11 +198,19 @@ def markdown(report: Dict[str, Any], rows: Optional[List[Dict[str, str]]] = None
         )
         + f"for every runtime. CPU: {describe_cpu(report['cpu'], {})} "
         f"(int8 is fast with VNNI or AMX). `effective` is read from the kernels each runtime ran, not from the method. "
+        + _speedup_text(report, text)
+        + _deployment_notes(report)
+    )
+
+
+def _speedup_text(report: Dict[str, Any], text: bool) -> str:
+    if report.get("pairs") == 0:  # pairs=0: none was measured, and the column says "-"
+        return "No speed-ups measured (pairs=0). "
+    return (
         f"Speed-up: the median, with its 95% interval, of {report.get('pairs', '?')} interleaved pairs of runs of the "
         "int8 artifact and the same job's fp32 one in the same process and runtime; "
         f"{'tokens/s' if text else 'img/s'} times each artifact alone, so on a busy machine the two can disagree. "
         + how_pairs_ran()
-        + _deployment_notes(report)
     )
 
 
