@@ -341,19 +341,20 @@ def test_paddle_job_trains_on_fleet_parameter_servers(mode, paddle_job):
             assert observed["traffic"]["push_dense_requests"] == summary["steps"] * 2
 
 
-def _paddle_job(args, tmp_path) -> dict:
-    result = run_unitrain([*SMALL, "backend=paddle", *args], tmp_path, python=paddle_ps_python())
+def _summary(result) -> dict:
     assert result.returncode == 0, result.stderr[-3000:]
     return result.summary()
+
+
+def _paddle_job(args, tmp_path) -> dict:
+    return _summary(run_unitrain([*SMALL, "backend=paddle", *args], tmp_path, python=paddle_ps_python()))
 
 
 @pytest.mark.slow
 def test_paddle_sync_applies_the_mean_of_the_trainers_sparse_gradients(tmp_path, paddle_job):
     """Fleet applies each trainer's sparse push when it arrives; with the rate divided by the
     trainers, the rows move by the mean, and sync equals one process at the combined batch."""
-    sync = paddle_job("sync")
-    assert sync.returncode == 0, sync.stderr[-3000:]
-    sync = sync.summary()
+    sync = _summary(paddle_job("sync"))
     local = _paddle_job([*ONE_PROCESS, "trainer.batch_size=128"], tmp_path)
     # Paddle's sync run is not the same run twice (Fleet's servers start new rows from a random
     # engine seeded with the clock): on this job AUC 0.8412-0.8441 and log loss 0.5246-0.5263 in
@@ -371,9 +372,7 @@ def test_paddle_geo_evaluates_the_servers_model_with_every_change_sent(tmp_path,
     Stopping the communicator as soon as the last step ends (as stop_worker does) left the last
     changes unsent: AUC 0.80 to 0.85 against 0.86 here."""
     geo = _paddle_job(["dist.ps.sync=geo", "dist.ps.trainers=1"], tmp_path)
-    local = paddle_job("local")
-    assert local.returncode == 0, local.stderr[-3000:]
-    local = local.summary()
+    local = _summary(paddle_job("local"))
     assert geo["observed"]["evaluates"] == "the servers' model"
     assert geo["eval"]["val_auc"] == pytest.approx(local["eval"]["val_auc"], abs=1e-6)
     assert geo["eval"]["val_logloss"] == pytest.approx(local["eval"]["val_logloss"], abs=1e-6)
