@@ -40,7 +40,7 @@ def pytest_runtest_makereport(item, call):
 
 _SETUP_S = pytest.StashKey[float]()
 
-# The tests run two at a time, and many start jobs of several processes with two threads each, so
+# The tests run two or three at a time, and many start jobs of several processes with two threads each, so
 # the two cores are oversubscribed: OpenMP threads (libgomp's in torch, Intel's in Paddle's MKL)
 # that spin while they wait for work then take the cores the other jobs need. Waiting asleep cut
 # a pair of slow test files' CPU time by a tenth. Jobs a user starts keep the libraries' default.
