@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from hypothesis import strategies as st
 from conftest import holding_the_environment, run_unitrain
 from unitrain.data import criteo
 from unitrain.errors import UnitrainError
+from unitrain.host.ports import ephemeral_range
 
 ROOT = Path(__file__).resolve().parents[1]
 PS_PYTHON = ROOT / ".venv-ps" / "bin" / "python"
@@ -323,6 +325,12 @@ def test_paddle_job_trains_on_fleet_parameter_servers(mode, paddle_job):
     assert summary["version"] == "3.0.0"
     assert holding_the_environment(result.run_dir) == []  # the launcher's environment dumps are private
     if mode != "local":
+        # paddle.distributed.launch picked the server's port outside the ephemeral range.
+        served = re.search(
+            r"running server with rank id: 0, endpoint: \S+:(\d+)", (result.run_dir / "serverlog.0").read_text()
+        )
+        low, high = ephemeral_range()
+        assert served and not low <= int(served.group(1)) <= high, served
         observed = summary["observed"]
         # What Fleet ran, read back from its runtime; the counters from the servers' brpc pages.
         assert observed["sync"] == mode

@@ -12,6 +12,7 @@ from backends.paddle.launch import ps_endpoints
 from conftest import run_unitrain
 from unitrain.config.schema import DistConfig, PsConfig
 from unitrain.host.network import remote_peers
+from unitrain.host.ports import ephemeral_range, free_port, port_in_use
 from unitrain.interface.ps import PsLayout
 
 PS = ["experiment=wide_deep_ps", "data.num_samples=3000", "data.val_samples=1000"]
@@ -29,6 +30,16 @@ def test_the_totals_spread_evenly_and_roles_follow_the_nodes():
     ]
     assert roles == [("server", 0), ("server", 1), ("trainer", 0), ("server", 2), ("trainer", 1)]
     assert PsLayout.parse(*layout.arguments()) == layout
+
+
+def test_picked_ports_lie_where_no_outgoing_connection_takes_one_first():
+    """A port picked in the kernel's ephemeral range can be taken by any outgoing connection
+    before the server it was picked for binds it (CI saw a parameter server never listen)."""
+    low, high = ephemeral_range()
+    ports = [free_port() for _ in range(30)]
+    assert not any(low <= port <= high for port in ports), (low, high, ports)
+    assert all(port_in_use(port) is None for port in ports)
+    assert len(set(ports)) > 20  # drawn, not the same few each time
 
 
 def test_paddle_gets_every_endpoint_on_every_node_in_node_order():

@@ -20,7 +20,7 @@ from unitrain.config.schema import DistConfig
 from unitrain.errors import UnitrainError
 from unitrain.host import processes
 from unitrain.host.network import NodeNetwork
-from unitrain.host.ports import free_port
+from unitrain.host.ports import free_port, quiet_range
 from unitrain.interface.launch import GLOO_PEER_LOSS, Beside, Launcher, busy_port_error, not_joined_error
 from unitrain.interface.ps import PsLayout, Role
 
@@ -78,12 +78,14 @@ class _PaddleLauncher(Launcher):
     @contextmanager
     def beside(self, dist: DistConfig, run_dir: Path) -> Iterator[Beside]:
         _remove_stale_folders()
+        ports = _port_range()
         with _private_log_dir(run_dir) as log_dir:
             if not dist.max_restarts:
-                yield Beside(options=["--log_dir", log_dir], module=SHIM)
+                yield Beside(options=["--log_dir", log_dir], env=ports, module=SHIM)
                 return
             with self._elastic(dist, run_dir) as elastic:
-                yield Beside(options=["--log_dir", log_dir, *elastic.options], env=elastic.env, module=SHIM)
+                options = ["--log_dir", log_dir, *elastic.options]
+                yield Beside(options=options, env={**ports, **elastic.env}, module=SHIM)
 
     @contextmanager
     def _elastic(self, dist: DistConfig, run_dir: Path) -> Iterator[Beside]:
@@ -227,6 +229,15 @@ def _private_log_dir(run_dir: Path) -> Iterator[str]:
 # keeps its pods' state in; Debian's etcd-server, one fresh server per job.
 #: Seconds etcd may take to answer on its client port.
 ETCD_READY_S = 30.0
+
+
+def _port_range() -> Dict[str, str]:
+    """Where the launcher takes the ports it picks for the servers, the trainers' gloo store and
+    the workers' master: its default (35100-64000) overlaps the range every outgoing connection
+    takes a port from, and a parameter server whose port was taken that way between the
+    launcher's check and its own bind never listens."""
+    quiet = quiet_range()
+    return {"PORT_RANGE": f"{quiet[0]}:{quiet[1]}"} if quiet else {}
 
 
 def _listening(host: str, port: int) -> bool:
