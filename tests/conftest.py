@@ -42,8 +42,9 @@ _SETUP_S = pytest.StashKey[float]()
 
 # The tests run two or three at a time, and many start jobs of several processes with two
 # threads each, so the two cores are oversubscribed: OpenMP threads (libgomp's in torch, Intel's
-# in Paddle's MKL) that spin while they wait for work then take the cores the other jobs need. Waiting asleep cut
-# a pair of slow test files' CPU time by a tenth. Jobs a user starts keep the libraries' default.
+# in Paddle's MKL) that spin while they wait for work then take the cores the other jobs need.
+# Waiting asleep cut a pair of slow test files' CPU time by a tenth. Jobs a user starts keep the
+# libraries' default.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("KMP_BLOCKTIME", "0")
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import pytest
 
-from unitrain.host.console import logged_to_file, printed_to_log_file, to_log_file
+from unitrain.host.console import captured_stdout, logged_to_file, printed_to_log_file, to_log_file
 
 
 @pytest.fixture
@@ -49,3 +50,15 @@ def test_a_librarys_own_logger_goes_to_the_log_file_meanwhile(log_file, capsys):
     err = capsys.readouterr().err
     assert "some.library: deprecated way to load" in log_file.read_text()
     assert "deprecated" not in err and "after" in err
+
+
+@pytest.mark.parametrize("pass_on", [False, True])
+def test_what_a_library_prints_on_descriptor_1_is_read_while_and_after_it_prints(pass_on, capfd):
+    """As Fleet's client and paddle2onnx print from C++: written to file descriptor 1 itself,
+    read while the block runs without losing what follows, and passed on only when asked."""
+    with captured_stdout(pass_on=pass_on) as printed:
+        os.write(1, b"table id: ")
+        assert printed() == "table id: "
+        os.write(1, b"0, feasign size: 7\n")
+    assert printed() == "table id: 0, feasign size: 7\n"
+    assert capfd.readouterr().out == ("table id: 0, feasign size: 7\n" if pass_on else "")

@@ -3,9 +3,6 @@ language model's token ids keep their time axis dynamic when the example carries
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -15,6 +12,7 @@ import numpy as np
 import paddle
 
 from unitrain.errors import UnitrainError
+from unitrain.host.console import captured_stdout
 
 __all__ = ["CHECKED_WITH", "WRITERS", "save_native", "save_onnx"]
 
@@ -83,7 +81,9 @@ def onnx_from_program(save: Callable[[Path], List[Path]], stem: Path) -> List[Pa
         # raising, so unitrain checks what came back and writes the file itself. optimize_tool
         # "none": its default (Polygraphy) pip-installs a package at run time; ONNX Runtime
         # folds constants itself when it loads the model.
-        with _captured_stdout() as said:
+        # paddle2onnx's C++ side prints its progress to file descriptor 1: kept for the error
+        # message instead of mixing it into unitrain's one line per artifact.
+        with captured_stdout() as said:
             try:
                 onnx_bytes = paddle2onnx.export(
                     str(program),
@@ -100,21 +100,3 @@ def onnx_from_program(save: Callable[[Path], List[Path]], stem: Path) -> List[Pa
         raise UnitrainError(f"paddle2onnx could not convert the model: {last[0].strip()}")
     path.write_bytes(onnx_bytes)
     return [path]
-
-
-@contextlib.contextmanager
-def _captured_stdout():
-    """paddle2onnx's C++ side prints its progress to file descriptor 1; keep it for the error
-    message instead of mixing it into unitrain's one line per artifact."""
-    sys.stdout.flush()
-    saved, text = os.dup(1), []
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 1)
-        try:
-            yield lambda: "".join(text)
-        finally:
-            sys.stdout.flush()
-            os.dup2(saved, 1)
-            os.close(saved)
-            sink.seek(0)
-            text.append(sink.read().decode(errors="replace"))

@@ -43,6 +43,7 @@ from unitrain.data import multislot
 from unitrain.data.criteo import DENSE_FEATURES, SPARSE_SLOTS, CtrData
 from unitrain.data.criteo_files import FileRows
 from unitrain.errors import Refusal, UnitrainError
+from unitrain.host.console import captured_stdout
 from unitrain.interface.ps import PassResult, PsProgram, Role
 from unitrain.spec.ps_model import EMBED_INIT, tower_init
 from unitrain.spec.ps_table import BETA1, BETA2, EPSILON, INITIAL_G2SUM
@@ -556,11 +557,16 @@ class PaddlePs(PsProgram):
             return None
         runtime = self.fleet.fleet._runtime_handle
         table = _sparse_tables(runtime)["deep_table"]
-        printed = _printed(lambda: runtime._worker.print_table_stat(table, 0, 0), TABLE_STAT)
-        if printed is None:
+        with captured_stdout(pass_on=True) as printed:
+            runtime._worker.print_table_stat(table, 0, 0)
+            deadline = time.monotonic() + PRINT_WAIT_S
+            while not TABLE_STAT.search(printed()) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        found = TABLE_STAT.search(printed())
+        if found is None:
             log.warning("Fleet's client printed no table statistics: the table rows are not reported")
             return None
-        return {"rows": int(printed.group(1)), "bytes": None}
+        return {"rows": int(found.group(1)), "bytes": None}
 
     def _dense_moved(self) -> float:
         scope = paddle.static.global_scope()
@@ -587,32 +593,6 @@ COUNTERS = re.compile(r"^cost_profiler_pserver_server_(pull|push)_(sparse|dense)
 TABLE_STAT = re.compile(r"table id: \d+, feasign size: (\d+),")
 #: Seconds the client may take to print after its call returned (it prints after it answers).
 PRINT_WAIT_S = 5.0
-
-
-def _printed(call: Callable[[], Any], pattern: re.Pattern) -> Optional[re.Match]:
-    """What ``call`` prints on file descriptor 1 (from C++, beyond sys.stdout) that matches
-    ``pattern``, or None; everything printed meanwhile is passed on to the real output."""
-    sys.stdout.flush()
-    saved = os.dup(1)
-    with tempfile.TemporaryFile() as out:
-        os.dup2(out.fileno(), 1)
-        try:
-            call()
-            deadline = time.monotonic() + PRINT_WAIT_S
-            while not pattern.search(_read(out)) and time.monotonic() < deadline:
-                time.sleep(0.01)
-        finally:
-            os.dup2(saved, 1)
-            os.close(saved)
-        text = _read(out)
-    os.write(1, text.encode())
-    return pattern.search(text)
-
-
-def _read(file: Any) -> str:
-    # pread: the file's offset is the one fd 1 writes at; moving it would overwrite what was printed.
-    fd = file.fileno()
-    return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
 
 
 def _sparse_tables(runtime: Any) -> Dict[str, int]:

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
-from typing import Iterator, Sequence, TextIO
+import tempfile
+from typing import Callable, Iterator, Sequence, TextIO
 
 log = logging.getLogger("unitrain")
 #: Detail's own name: a launched worker's log has no log file of its own to single out, and the
@@ -92,3 +94,30 @@ def logged_to_file(names: Sequence[str]) -> Iterator[None]:
     finally:
         for logger, (handlers, propagate) in zip(loggers, saved):
             logger.handlers, logger.propagate = handlers, propagate
+
+
+@contextlib.contextmanager
+def captured_stdout(pass_on: bool = False) -> Iterator[Callable[[], str]]:
+    """What is printed on file descriptor 1 meanwhile, C and C++ libraries' output included
+    (beyond sys.stdout): the function it yields returns it so far inside the block, all of it
+    after. ``pass_on``: it is also written to the real output once the block ends."""
+    sys.stdout.flush()
+    saved, final = os.dup(1), []
+    with tempfile.TemporaryFile() as sink:
+
+        def printed() -> str:
+            if final:
+                return final[0]
+            # pread: the sink's offset is where fd 1 writes; moving it would overwrite what comes next.
+            return os.pread(sink.fileno(), os.fstat(sink.fileno()).st_size, 0).decode(errors="replace")
+
+        os.dup2(sink.fileno(), 1)
+        try:
+            yield printed
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+            final.append(printed())
+            if pass_on:
+                os.write(1, final[0].encode())

@@ -47,20 +47,11 @@ def free_port() -> int:
     if quiet:
         for _ in range(100):
             port = _draw.randint(*quiet)
-            if _bindable(port):
+            if port_in_use(port) is None:
                 return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _bindable(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("", port))
-        except OSError:
-            return False
-    return True
 
 
 def port_in_use(port: int) -> Optional[str]:
