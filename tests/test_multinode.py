@@ -225,7 +225,9 @@ def test_a_parameter_server_host_that_dies_mid_run_ends_the_other_node(backend, 
     # Long enough for both nodes' servers and trainers to start and join on a loaded CI machine
     # (10 s was not, for Paddle's five processes); the loss is still seen well within the test.
     timeout = 30
-    extra = [*PS_LAYOUTS[backend]["split"], f"dist.timeout_s={timeout}", "data.num_samples=400000"]
+    # A long job from many epochs of the small rows: 400,000 rows took 40 s to make alone and
+    # over 120 s under CI's load, before a step or any traffic between the hosts.
+    extra = [*PS_LAYOUTS[backend]["split"], f"dist.timeout_s={timeout}", "trainer.epochs=1000"]
     nodes = [_ps_node(hosts, backend, k, tmp_path / f"node{k}", extra) for k in (0, 1)]
     results = tmp_path / "node1" / "metrics.jsonl"  # trainer 0's steps, on node 1
     deadline = time.monotonic() + 120
