@@ -17,7 +17,9 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch==2.13.0 is pinned in the extra; a looser pin would pull several GB of CUDA packages.
-	$(PY) -m pip install --quiet -e '.[paddle,torch,dev,export,quantize,convert,tracking,sweeps,cluster,elastic]'
+	# --no-compile: pip's bytecode for every installed module took most of this step's time;
+	# Python writes it on first import for the modules a job imports, a fraction of them.
+	$(PY) -m pip install --quiet --no-compile -e '.[paddle,torch,dev,export,quantize,convert,tracking,sweeps,cluster,elastic]'
 	# An environment made before unitrain had its own Optuna sweeper keeps hydra-optuna-sweeper
 	# 1.3.0, which needs optuna<3 (pip check fails) and registers hydra/sweeper=optuna too.
 	if $(PY) -m pip show --quiet hydra-optuna-sweeper 2>/dev/null; then $(PY) -m pip uninstall --quiet --yes hydra-optuna-sweeper; fi
@@ -29,7 +31,7 @@ $(PS_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(PS_VENV)
 	$(PS_VENV)/bin/python -m pip install --quiet --upgrade pip
 	# torch too: one sweep (-m backend=paddle,torch) then compares both frameworks' parameter servers.
-	$(PS_VENV)/bin/python -m pip install --quiet -e '.[paddle-ps,torch]'
+	$(PS_VENV)/bin/python -m pip install --quiet --no-compile -e '.[paddle-ps,torch]'
 	touch $(PS_STAMP)
 
 ps-env: $(PS_STAMP)
