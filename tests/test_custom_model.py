@@ -23,7 +23,7 @@ PAIR = [
     "model.paddle=my_nets.paddle_net:build",
     "model.kwargs={width:8}",
     "data.image_size=16",
-    "trainer.threads=2",
+    "trainer.threads=1",
     "trainer.progress=false",
 ]
 

@@ -22,7 +22,7 @@ GALLERY = ROOT / "examples" / "gallery"
 LM_FILES = ("char_lm.py", "char_rnn.py")
 BLOCK = 16
 TEXT = ["model=custom", "model.paddle=convert", "data=text", f"data.block_size={BLOCK}"]
-QUIET = ["trainer.threads=2", "trainer.progress=false"]
+QUIET = ["trainer.threads=1", "trainer.progress=false"]
 CHAR_LM = [*TEXT, "model.torch=lm_nets.char_lm:build"]
 CHAR_RNN = [*TEXT, "model.torch=lm_nets.char_rnn:build", "model.kwargs={hidden: 32, layers: 2}"]
 #: The same job on both frameworks from shared weights: every step's loss within this (relative).
@@ -169,7 +169,7 @@ def test_a_language_model_written_once_trains_alike_on_both_frameworks(model, tr
 @pytest.mark.slow
 def test_the_lstm_pair_passes_parity(lm_root):
     root = project(lm_root / "parity")
-    result = run_unitrain([*CHAR_RNN, data_path(root), "steps=5", "trainer.threads=2"], root, module="unitrain.parity")
+    result = run_unitrain([*CHAR_RNN, data_path(root), "steps=5", "trainer.threads=1"], root, module="unitrain.parity")
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((result.run_dir / "parity.json").read_text())
     assert report["passed"] and report["data"] == "text" and report["max_rel_loss_diff"] < 1e-5, report["per_step"]

@@ -36,7 +36,7 @@ def _parity(name: str, kwargs: dict, steps: int):
 
     register_configs()
     overrides = ["model=custom", f"model.torch=gallery.{name}:build", "model.paddle=convert", "data.image_size=16"]
-    overrides += [f"steps={steps}", "optim.lr=0.001", "trainer.batch_size=16", "trainer.threads=2"]
+    overrides += [f"steps={steps}", "optim.lr=0.001", "trainer.batch_size=16", "trainer.threads=1"]
     overrides += [f"+model.kwargs.{k}={v}" for k, v in kwargs.items()]
     with initialize_config_module("unitrain.conf", version_base=None):
         cfg = compose("parity", overrides=overrides)

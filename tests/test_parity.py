@@ -96,7 +96,7 @@ def test_weights_for_another_model_are_refused_in_one_line():
 
 def run_parity(tmp_path, *args):
     return subprocess.run(
-        [sys.executable, "-m", "unitrain.parity", *args, "trainer.threads=2", f"hydra.run.dir={tmp_path}"],
+        [sys.executable, "-m", "unitrain.parity", *args, "trainer.threads=1", f"hydra.run.dir={tmp_path}"],
         capture_output=True,
         text=True,
         cwd=tmp_path,

@@ -16,7 +16,10 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_timer_summary_adds_up_to_the_loop_time(backend, unitrain_cli):
-    result = unitrain_cli(f"backend={backend}", *FAST, "trainer.steps=12", "profiler.warmup_steps=0")
+    # Two threads: Paddle advises on OMP_NUM_THREADS only when it is above 1.
+    result = unitrain_cli(
+        f"backend={backend}", *FAST, "trainer.threads=2", "trainer.steps=12", "profiler.warmup_steps=0"
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     s, records = result.summary(), result.metrics()
     assert sum(r["batch_cost"] for r in records) == pytest.approx(s["wall_time_s"], rel=0.1)

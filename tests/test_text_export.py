@@ -36,7 +36,7 @@ TRAIN = [
     "optim=adamw",
     "trainer.steps=10",
     "trainer.checkpoint_every=10",
-    "trainer.threads=2",
+    "trainer.threads=1",
     "trainer.progress=false",
 ]
 FOUR = {"model.torch.pt2", "model.torch.onnx", "model.paddle.json", "model.paddle.onnx"}
@@ -417,7 +417,7 @@ def test_dynamic_quantization_of_a_short_image_run_needs_no_calibration_data(tmp
             "trainer.batch_size=8",
             "trainer.steps=1",
             "trainer.checkpoint_every=1",
-            "trainer.threads=2",
+            "trainer.threads=1",
             "trainer.progress=false",
         ],
         tmp_path / "train",

@@ -30,7 +30,7 @@ JOB = [
     "trainer.eval_every=10",
     "trainer.checkpoint_every=10",
     "trainer.eval_batch_size=64",
-    "trainer.threads=2",
+    "trainer.threads=1",
     "trainer.progress=false",
 ]
 
@@ -223,7 +223,7 @@ def test_a_run_resumes_from_the_other_frameworks_checkpoint_with_its_tokenizer(r
 
 @pytest.mark.parametrize("backend, effective", [("torch", "O1 bfloat16"), ("paddle", "fp32")])
 def test_mixed_precision_reports_what_really_ran(corpus, tmp_path, backend, effective):
-    job = [f"backend={backend}", *JOB[:-6], "trainer.steps=4", "trainer.threads=2", "trainer.progress=false"]
+    job = [f"backend={backend}", *JOB[:-6], "trainer.steps=4", "trainer.threads=1", "trainer.progress=false"]
     done = run_unitrain([*job, f"data.path={corpus}", "amp=O1", "amp.dtype=bfloat16"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     precision = done.summary()["precision"]
@@ -266,7 +266,7 @@ def test_a_search_minimizes_the_held_out_loss(corpus, tmp_path):
         *JOB[:-6],
         "trainer.steps=6",
         "trainer.progress=false",
-        "trainer.threads=2",
+        "trainer.threads=1",
         f"data.path={corpus}",
         "optim.lr=tag(log,interval(0.0001,0.01))",
     ]

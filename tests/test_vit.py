@@ -16,7 +16,7 @@ from unitrain.model.build import build_model
 from unitrain.model.custom import sized
 from unitrain.model.weights import convert
 
-VIT = ["model=vit_tiny", "data.image_size=16", "trainer.threads=2", "trainer.progress=false"]
+VIT = ["model=vit_tiny", "data.image_size=16", "trainer.threads=1", "trainer.progress=false"]
 
 
 def test_both_frameworks_build_the_same_vit_and_compute_the_same_logits():

@@ -72,7 +72,7 @@ def test_wheel_in_fresh_venv_runs_outside_source_tree(tmp_path):
         "model=tiny",
         "data.image_size=16",
         "trainer.steps=3",
-        "trainer.threads=2",
+        "trainer.threads=1",
         "trainer.progress=false",
         "hydra.run.dir=out",
         cwd=work,

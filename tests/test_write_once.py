@@ -86,7 +86,7 @@ def _parity(name: str, steps: int = 5):
                 # amplify a 1e-7 change of their weights 1000-fold in 5 steps at 0.02, in torch alone.
                 "optim.lr=0.001",
                 "trainer.batch_size=16",
-                "trainer.threads=2",
+                "trainer.threads=1",
             ],
         )
     out = Path.cwd() / f"parity-{name}"
@@ -398,7 +398,7 @@ def test_one_pytorch_file_trains_on_both_frameworks_and_every_capability_takes_i
     root = tmp_path / "user"
     shutil.copytree(project, root)
     model = ["model=custom", converted("convmixer"), "model.paddle=convert", "model.init=shared"]
-    job = [*model, "data.image_size=16", "trainer.batch_size=8", "trainer.threads=2", "trainer.progress=false"]
+    job = [*model, "data.image_size=16", "trainer.batch_size=8", "trainer.threads=1", "trainer.progress=false"]
     both = run_unitrain(["-m", "backend=paddle,torch", *job, "trainer.steps=4", "trainer.checkpoint_every=4"], root)
     assert both.returncode == 0, both.stderr[-2000:]
     runs = {p.name.split("_")[1]: p for p in (root / "multirun").iterdir() if (p / "summary.json").exists()}
