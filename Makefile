@@ -11,15 +11,13 @@ PS_STAMP := $(PS_VENV)/.installed
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: run test test-slow test-all lint format bench recipe setup ps-env clean fashion-mnist netns slurm etcd chromium corpus
+.PHONY: run test test-slow test-all lint format bench recipe setup ps-env clean fashion-mnist netns slurm etcd chromium corpus bytecode
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch==2.13.0 is pinned in the extra; a looser pin would pull several GB of CUDA packages.
-	# --no-compile: pip's bytecode for every installed module took most of this step's time;
-	# Python writes it on first import for the modules a job imports, a fraction of them.
-	$(PY) -m pip install --quiet --no-compile -e '.[paddle,torch,dev,export,quantize,convert,tracking,sweeps,cluster,elastic]'
+	$(PY) -m pip install --quiet -e '.[paddle,torch,dev,export,quantize,convert,tracking,sweeps,cluster,elastic]'
 	# An environment made before unitrain had its own Optuna sweeper keeps hydra-optuna-sweeper
 	# 1.3.0, which needs optuna<3 (pip check fails) and registers hydra/sweeper=optuna too.
 	if $(PY) -m pip show --quiet hydra-optuna-sweeper 2>/dev/null; then $(PY) -m pip uninstall --quiet --yes hydra-optuna-sweeper; fi
@@ -31,7 +29,7 @@ $(PS_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(PS_VENV)
 	$(PS_VENV)/bin/python -m pip install --quiet --upgrade pip
 	# torch too: one sweep (-m backend=paddle,torch) then compares both frameworks' parameter servers.
-	$(PS_VENV)/bin/python -m pip install --quiet --no-compile -e '.[paddle-ps,torch]'
+	$(PS_VENV)/bin/python -m pip install --quiet -e '.[paddle-ps,torch]'
 	touch $(PS_STAMP)
 
 ps-env: $(PS_STAMP)
@@ -108,18 +106,25 @@ junit = $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/$(1).xml)
 # (wheel install, multi-process jobs, multi-node hosts, quantization, parameter servers, the benchmark harness) run
 # with `make test-slow`; CI (.ci/run) runs both. Two at a time, a test file to a worker: one at a
 # time kept a 2-core machine less than half busy (process start-ups, imports, Hydra).
-test: $(STAMP) $(PS_STAMP) fashion-mnist corpus
+test: $(STAMP) $(PS_STAMP) fashion-mnist corpus bytecode
 	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile --durations=10 $(call junit,fast)
 
 # Three at a time on 2 cores (pytest-xdist, a test file to a worker): most of their time is
 # processes starting, waiting for each other and ending, and with two workers the cores were idle
 # a quarter of the time (the fast tests, shorter, are quickest two at a time). Those that time how
 # soon something ends or watch every process of the machine (marked serial) run alone after them.
-test-slow: $(STAMP) $(PS_STAMP) fashion-mnist netns slurm etcd chromium corpus
+test-slow: $(STAMP) $(PS_STAMP) fashion-mnist netns slurm etcd chromium corpus bytecode
 	$(PY) -m pytest -q -m "slow and not serial" -n 3 --dist loadfile --durations=20 $(call junit,slow)
 	$(PY) -m pytest -q -m "slow and serial" --durations=10 $(call junit,serial)
 
 test-all: test test-slow
+
+# The project's own modules compiled once: where PYTHONDONTWRITEBYTECODE is set (it is on these
+# machines) Python writes no bytecode, and every process the tests start compiled unitrain's
+# modules again (a few tenths of a second of a tiny job's 5 CPU seconds). Only changed files are
+# compiled again; a stale file is still compiled on import, as without this.
+bytecode: $(STAMP)
+	$(PY) -m compileall -q unitrain backends hydra_plugins tests scripts benchmarks
 
 # ruff's formatter and linter (settings in pyproject.toml); CI runs this before the tests.
 lint: $(STAMP)
