@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -196,6 +197,22 @@ def test_paddle_resumes_its_servers_tables_and_dense_tower(layout, tmp_path):
         assert losses[1][13] == pytest.approx(losses[0][13], rel=1e-3)
         assert b["eval"]["val_auc"] == pytest.approx(a["eval"]["val_auc"], abs=1e-3)
         assert b["tables"]["rows"] == a["tables"]["rows"]
+        _a_checkpoint_in_other_shards_is_refused(whole.run_dir / "checkpoints" / "step12", common, tmp_path)
+
+
+def _a_checkpoint_in_other_shards_is_refused(checkpoint: Path, common: list, tmp_path: Path) -> None:
+    """Fleet loads a table saved in another number of shards (its default 1000, as unitrain's
+    earlier checkpoints hold them) only in part, without a word: refused in one line."""
+    other = tmp_path / "other-shards"
+    shutil.copytree(checkpoint, other)
+    number = json.loads((other / "tables.json").read_text())["deep_table"]
+    shutil.copy(next((other / f"{number:03d}").glob("part-*")), other / f"{number:03d}" / "part-000-00999.gz")
+    refused = run_unitrain(
+        [*SMALL, "backend=paddle", *common, f"trainer.resume={other}"], tmp_path / "refused", python=_python("paddle")
+    )
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    assert "holds deep_table in 17 shards, and this job's servers hold it in 16" in refused.stderr.splitlines()[-1]
+    assert not refused.run_dir.exists()
 
 
 def _worker_pid(run_dir: Path, name: str) -> int:
