@@ -109,12 +109,13 @@ junit = $(if $(JUNIT_DIR),--junitxml=$(JUNIT_DIR)/$(1).xml)
 test: $(STAMP) $(PS_STAMP) fashion-mnist corpus bytecode
 	$(PY) -m pytest -q -m "not slow" -n 2 --dist loadfile --durations=10 $(call junit,fast)
 
-# Three at a time on 2 cores (pytest-xdist, a test file to a worker): most of their time is
-# processes starting, waiting for each other and ending, and with two workers the cores were idle
-# a quarter of the time (the fast tests, shorter, are quickest two at a time). Those that time how
-# soon something ends or watch every process of the machine (marked serial) run alone after them.
+# Four at a time on 2 cores (pytest-xdist, a test file to a worker): most of their time is
+# processes starting, waiting for each other and ending. With two workers the cores were idle a
+# quarter of the time; with three, a sixth (the quantize, ViT, text-export and gallery tests: 1.68
+# cores busy, 1.97 with four; the fast tests, shorter, are quickest two at a time). Those that time
+# how soon something ends or watch every process of the machine (marked serial) run alone after them.
 test-slow: $(STAMP) $(PS_STAMP) fashion-mnist netns slurm etcd chromium corpus bytecode
-	$(PY) -m pytest -q -m "slow and not serial" -n 3 --dist loadfile --durations=20 $(call junit,slow)
+	$(PY) -m pytest -q -m "slow and not serial" -n 4 --dist loadfile --durations=20 $(call junit,slow)
 	$(PY) -m pytest -q -m "slow and serial" --durations=10 $(call junit,serial)
 
 test-all: test test-slow
