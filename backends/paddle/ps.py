@@ -39,6 +39,7 @@ import numpy as np
 import paddle
 from paddle.base.executor import FetchHandler
 
+from unitrain.backends.paddle.serving import TABLES
 from unitrain.data import multislot
 from unitrain.data.criteo import DENSE_FEATURES, SPARSE_SLOTS, CtrData
 from unitrain.data.criteo_files import FileRows
@@ -486,7 +487,7 @@ class PaddlePs(PsProgram):
         # for serving: which table is which, and the dense tower as this trainer pulled it.
         runtime = self.fleet.fleet._runtime_handle
         runtime._worker.save_all_model(str(folder), 0)
-        (folder / "tables.json").write_text(json.dumps(_sparse_tables(runtime)))
+        (folder / TABLES).write_text(json.dumps(_sparse_tables(runtime)))
         if self.pull_dense:
             self.pull_dense()
         scope = paddle.static.global_scope()
@@ -713,7 +714,7 @@ def _sparse_shards(servers: int) -> int:
 def _check_shards(folder: Path, servers: int) -> None:
     """A checkpoint's sparse tables in other shards (Fleet's default 1000: written before unitrain
     set its own) load only in part, without a word from Fleet: refused in one line."""
-    for table, number in json.loads((folder / "tables.json").read_text()).items():
+    for table, number in json.loads((folder / TABLES).read_text()).items():
         saved = len(list((folder / f"{number:03d}").glob("part-*")))
         if saved != _sparse_shards(servers):
             raise Refusal(
