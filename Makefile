@@ -44,15 +44,16 @@ fashion-mnist:
 	  echo "could not install dataset-fashion-mnist: the Fashion-MNIST tests will skip"; \
 	else echo "Fashion-MNIST is not installed and this is not root with apt-get: the Fashion-MNIST tests will skip"; fi
 
-# Debian's chromium, headless, for the screenshots of report.html (scripts/render_report.sh) and
-# of MLflow's run view (tests/test_tracking.py), as root with apt-get; otherwise that test skips.
+# Debian's chromium, headless, for the screenshots of report.html (scripts/render_report.sh), and
+# its chromium-driver, through which Selenium draws MLflow's run view (tests/test_tracking.py), as
+# root with apt-get; otherwise that test skips.
 chromium:
-	@if command -v chromium >/dev/null; then :; \
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 || \
-	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1; } || \
-	  echo "could not install chromium: the MLflow screenshot test will skip"; \
-	else echo "chromium is not installed and this is not root with apt-get: the MLflow screenshot test will skip"; fi
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver >/dev/null 2>&1; } || \
+	  echo "could not install chromium and chromium-driver: the MLflow screenshot test will skip"; \
+	else echo "chromium or chromium-driver is not installed and this is not root with apt-get: the MLflow screenshot test will skip"; fi
 
 # iproute2 (`ip netns`) for the multi-node tests' separate hosts (scripts/netns_hosts.py), as
 # root with apt-get; otherwise those tests skip and say why.
