@@ -4,8 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Paddle's parameter-server engine left its wheels after 3.1.0: parameter-server jobs on Paddle
-# run from a second environment with paddlepaddle 3.1.0 (`.venv-ps/bin/python -m unitrain ...`).
+# Paddle's parameter-server engine left its wheels after 3.0.0 (3.1.x keeps only the server side):
+# parameter-server jobs on Paddle run from a second environment with paddlepaddle 3.0.0
+# (`.venv-ps/bin/python -m unitrain ...`; docs/parameter-servers.md, "Which Paddle").
 PS_VENV := .venv-ps
 PS_STAMP := $(PS_VENV)/.installed
 
