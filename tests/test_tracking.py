@@ -186,7 +186,7 @@ def test_mlflows_own_server_shows_the_sweep_and_a_browser_renders_it(tracked_swe
 def _draw_once_shown(url: str, names: list[str], shot, tmp_path) -> None:
     """Headless Chromium, driven by Selenium, draws the page once every run name is on it: a
     real wait for the page's content (Chromium's own --screenshot with a virtual-time budget hung
-    about one time in four on a busy machine)."""
+    in 4 of 22 tries beside two to eight busy loops on 2 cores)."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
@@ -202,8 +202,9 @@ def _draw_once_shown(url: str, names: list[str], shot, tmp_path) -> None:
         # About 25 s with four busy loops beside it on 2 cores; alone, under 10.
         browser.set_page_load_timeout(240)
         browser.get(url)
-        shown = lambda page: all(name in page.find_element(By.TAG_NAME, "body").text for name in names)  # noqa: E731
-        WebDriverWait(browser, 240).until(shown)
+        WebDriverWait(browser, 240).until(
+            lambda page: all(name in page.find_element(By.TAG_NAME, "body").text for name in names)
+        )
         browser.save_screenshot(str(shot))
     finally:
         browser.quit()
