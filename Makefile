@@ -115,10 +115,13 @@ test: $(STAMP) $(PS_STAMP) fashion-mnist corpus bytecode
 # processes starting, waiting for each other and ending. With two workers the cores were idle a
 # quarter of the time; with three, a sixth (the quantize, ViT, text-export and gallery tests: 1.68
 # cores busy, 1.97 with four; the fast tests, shorter, are quickest two at a time). Those that time
-# how soon something ends or watch every process of the machine (marked serial) run alone after them.
+# how soon something ends (marked serial) run after them, two at a time: one at a time kept the
+# second core mostly idle while they waited for kills and timeouts. One that a neighbour can fail
+# (marked alone: it measures how loader processes share the cores) runs by itself, last.
 test-slow: $(STAMP) $(PS_STAMP) fashion-mnist netns slurm etcd chromium corpus bytecode
 	$(PY) -m pytest -q -m "slow and not serial" -n 4 --dist loadfile --durations=20 $(call junit,slow)
-	$(PY) -m pytest -q -m "slow and serial" --durations=10 $(call junit,serial)
+	$(PY) -m pytest -q -m "slow and serial and not alone" -n 2 --dist loadfile --durations=10 $(call junit,serial)
+	$(PY) -m pytest -q -m "slow and alone" --durations=5 $(call junit,alone)
 
 test-all: test test-slow
 

@@ -37,6 +37,7 @@ def test_timer_summary_adds_up_to_the_loop_time(backend, unitrain_cli):
 
 # Alone: four loader workers beside a busy neighbour's processes hid less than half of the
 # delay once (reader ratio 0.55 against 0.87 without them).
+@pytest.mark.alone
 @pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)

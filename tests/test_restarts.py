@@ -91,7 +91,6 @@ def test_without_restarts_left_the_job_ends_in_one_line_with_nothing_left_runnin
     if backend == "paddle" and shutil.which("etcd") is None:
         pytest.skip("no etcd server: `make etcd` installs Debian's etcd-server (Paddle restarts only with one)")
     run_dir = tmp_path / "run"
-    etcds_before = _processes_with("unitrain-etcd-")
     args = [f"backend={backend}", *FAST, "trainer.threads=1", "dist.nproc_per_node=2", "trainer.steps=100000"]
     job = subprocess.Popen(
         [sys.executable, "-m", "unitrain", *args, "trainer.checkpoint_every=20", "dist.max_restarts=1"]
@@ -119,7 +118,9 @@ def test_without_restarts_left_the_job_ends_in_one_line_with_nothing_left_runnin
     assert job.returncode == 1
     assert stderr.strip().splitlines()[0].startswith("unitrain: error: rank 1 stopped without reporting"), stderr
     assert stderr.strip().count("\n") == 0, stderr  # one line, pointing at the log that holds the rest
-    assert _processes_with(str(run_dir)) == [] and _processes_with("unitrain-etcd-") == etcds_before
+    # The job's own etcd (its data folder is named by the main process's pid), not another
+    # test's: the serial tests run two at a time.
+    assert _processes_with(str(run_dir)) == [] and _processes_with(f"unitrain-etcd-{job.pid}-") == []
 
 
 def _processes_with(text: str) -> list:

@@ -16,7 +16,7 @@ import pytest
 
 from conftest import BACKENDS, FAST, alive, descendants
 
-# Each times how soon its job ends, or watches every process: alone (make test-slow's serial part).
+# Each times how soon its job ends: after the slow tests that run four at a time (make test-slow's serial part).
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 
