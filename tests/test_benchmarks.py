@@ -21,14 +21,19 @@ HARNESS = Path(__file__).resolve().parents[1] / "benchmarks" / "run.py"
 @pytest.mark.slow
 def test_quick_benchmark_writes_json_and_markdown(tmp_path):
     proc = subprocess.run(
-        [sys.executable, str(HARNESS), "--quick", "--repeats", "1", "--pairs", "1", "--out", str(tmp_path)],
+        # One layout: the 2 x 1 overhead row has a test of its own (below).
+        [sys.executable, str(HARNESS), "--quick", "--repeats", "1", "--pairs", "1", "--layouts", "1x2"]
+        + ["--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=900,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert [r["backend"] for r in results["overhead"]] == ["paddle", "paddle", "torch", "torch"]
+    assert [(r["backend"], r["processes"], r["threads"]) for r in results["overhead"]] == [
+        ("paddle", 1, 2),
+        ("torch", 1, 2),
+    ]
     for row in results["overhead"]:
         assert row["model"] == "resnet18" and row["unitrain_startup_s"] > 0 and row["native_startup_s"] > 0
         assert (
