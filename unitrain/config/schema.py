@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, List, Optional, Tuple
 
-from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 
@@ -504,6 +503,10 @@ class QuantizeConfig:
 
 def register_configs() -> None:
     """Store the commands' root schemas; every YAML option in conf/<group>/ is merged onto its typed node."""
+    # Imported here: a job's worker processes read this schema and never compose a config, and
+    # Hydra's import is a tenth of a second in each of them.
+    from hydra.core.config_store import ConfigStore
+
     store = ConfigStore.instance()
     store.store(name="unitrain_schema", node=UnitrainConfig)
     store.store(name="parity_schema", node=ParityConfig)
