@@ -366,9 +366,10 @@ def test_paddle_sync_applies_the_mean_of_the_trainers_sparse_gradients(tmp_path,
     local = _paddle_job([*ONE_PROCESS, "trainer.batch_size=128"], tmp_path)
     # Paddle's sync run is not the same run twice (Fleet's servers start new rows from a random
     # engine seeded with the clock): on this job AUC 0.8412-0.8441 and log loss 0.5246-0.5263 in
-    # ten runs, against 0.8435 and 0.5252 in one process. Without the division (rows moved by the sum) the log
-    # loss fell to 0.5228-0.5238, the side this bound is tightest on.
-    assert sync["eval"]["val_auc"] == pytest.approx(local["eval"]["val_auc"], abs=3e-3)
+    # ten runs, against 0.8435 and 0.5252 in one process; an eleventh, in CI, gave AUC 0.8404 and
+    # log loss 0.5268. Without the division (rows moved by the sum) the log loss fell to
+    # 0.5228-0.5238, the side this bound is tightest on; the AUC does not tell the two apart.
+    assert sync["eval"]["val_auc"] == pytest.approx(local["eval"]["val_auc"], abs=5e-3)
     assert sync["eval"]["val_logloss"] == pytest.approx(local["eval"]["val_logloss"], abs=2e-3)
     assert sync["tables"]["rows"] > 0
 
