@@ -283,7 +283,12 @@ def test_adamw_trains_under_o2_master_weights(backend, tmp_path):
     """O2 keeps fp32 master weights the optimizer steps (torch: unitrain's copies; paddle:
     paddle.amp.decorate's multi_precision, which is fp32 on a CPU and says so)."""
     result = run_unitrain(
-        [f"backend={backend}", *FAST, "optim=adamw", "amp=O2", "amp.dtype=bfloat16", "trainer.steps=3"], tmp_path
+        # 32x32, as the other bf16 jobs: at FAST's 16x16 the tiny ResNet's layer4 sees one pixel, where
+        # torch's oneDNN bf16 convolution backward gave a NaN loss at random on an AVX-512 CPU (unitrain
+        # warns of it) and failed this test in CI.
+        [f"backend={backend}", *FAST, "data.image_size=32", "optim=adamw", "amp=O2", "amp.dtype=bfloat16"]
+        + ["trainer.steps=3"],
+        tmp_path,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     losses = [r["loss"] for r in result.metrics()]
