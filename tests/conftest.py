@@ -47,6 +47,11 @@ _SETUP_S = pytest.StashKey[float]()
 # libraries' default.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("KMP_BLOCKTIME", "0")
+# Inductor checks each SIMD instruction set the CPU lists by building a library and loading it in
+# a child Python that links libtorch: ten children, about 3 CPU s, in every process that compiles
+# (unitrain.infer's and unitrain.quantize's torch.compile), and the answer on a given machine is
+# always the same. The tests take the CPU's list as it is; a user's compiles keep the check.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 # Small and quick: a tiny ResNet on small images, one thread: the tests run two or three at a
 # time on two cores, where a second thread per job cost more CPU than it saved (a tenth of
