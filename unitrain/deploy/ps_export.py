@@ -144,13 +144,14 @@ def score(directory: Path, manifest: Dict[str, Any], criteo: str, batch: int, th
     line). Returns, per model, AUC and log loss over the rows, and its largest difference from
     the NumPy reference."""
     serving = Serving.load(directory)
+    # Before the models: loading them imports both frameworks, seconds that a wrong path wastes.
+    parts = find_parts(criteo, key="--criteo")
     models = {
         name: load(e["framework"], e["format"], [directory / f for f in e["files"]], threads)
         for name, e in sorted(manifest["artifacts"].items())
     }
     if not models:
         raise UnitrainError(f"{directory} holds no exported models; export one with: python -m unitrain.export <run>")
-    parts = find_parts(criteo, key="--criteo")
     lines = numbered_lines(shares(parts, 0, parts[-1].first + parts[-1].lines, 1)[0])
     labels, scores, diffs, started = [], {name: [] for name in models}, dict.fromkeys(models, 0.0), time.perf_counter()
     unknown = 0
