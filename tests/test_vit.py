@@ -3,6 +3,7 @@ shared initial weights, parity, conversion and export hold as for the ResNets.""
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -106,40 +107,35 @@ QUICK = ["pairs=0", "min_time_s=0.1", "min_iters=2", "eval_samples=32", "batches
 METHODS = {"torch": "dynamic,qat", "paddle": "static,qat"}
 
 
-class _Sweeps(dict):
-    """backend -> (the finished command, its sweep directory): the backend's methods quantized
-    as one ``-m`` sweep, so one quantize process (torch, Paddle and Hydra imported once) serves
-    the tests of both methods; run when a test first asks for it."""
+@pytest.fixture(scope="module")
+def quantized(tmp_path_factory, trained):
+    """``quantized(backend)``: the backend's methods quantized as one ``-m`` sweep, so that one
+    quantize process (torch, Paddle and Hydra imported once) serves the tests of both methods;
+    run when a test first asks for it. Returns the finished command and its sweep directory."""
 
-    def __init__(self, factory, trained):
-        super().__init__()
-        self.factory, self.trained = factory, trained
-
-    def __missing__(self, backend: str):
-        run = self.trained["torch"].run_dir
-        sweep = self.factory.mktemp(f"vit-quantize-{backend}") / "multirun"
+    @functools.cache
+    def sweep(backend: str) -> tuple:
+        run = trained["torch"].run_dir
+        folder = tmp_path_factory.mktemp(f"vit-quantize-{backend}") / "multirun"
         done = subprocess.run(
             [sys.executable, "-m", "unitrain.quantize", "-m", str(run), f"method={METHODS[backend]}"]
-            + [f"backend={backend}", *QUICK, f"hydra.sweep.dir={sweep}"],
+            + [f"backend={backend}", *QUICK, f"hydra.sweep.dir={folder}"],
             cwd=run.parent,
             capture_output=True,
             text=True,
             timeout=1800,
         )
-        self[backend] = done, sweep
-        return done, sweep
+        return done, folder
+
+    return sweep
 
 
-@pytest.fixture(scope="module")
-def quantized(tmp_path_factory, trained):
-    return _Sweeps(tmp_path_factory, trained)
-
-
-def job(quantized, backend: str, method: str) -> tuple:
-    """The sweep job of ``method`` (its directory) and its quantize.json."""
-    done, sweep = quantized[backend]
-    out = sweep / f"{METHODS[backend].split(',').index(method)}_{backend}_{method}"
-    assert (out / "quantize.json").exists(), done.stderr[-3000:]
+def swept(quantized, backend: str, method: str) -> tuple:
+    """The sweep job of ``method`` (its directory, named as conf/quantize.yaml's sweep subdir)
+    and its quantize.json."""
+    done, folder = quantized(backend)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = folder / f"{METHODS[backend].split(',').index(method)}_{backend}_{method}"
     return out, json.loads((out / "quantize.json").read_text())
 
 
@@ -147,7 +143,7 @@ def job(quantized, backend: str, method: str) -> tuple:
 def test_a_vit_quantizes_in_paddle_and_onnx_runtime(quantized):
     # Attention's activation-by-activation matmuls and GELU go through Paddle's legacy program
     # and ONNX Runtime's pre-processing, which the ResNets never asked of them.
-    _, result = job(quantized, "paddle", "static")
+    _, result = swept(quantized, "paddle", "static")
     int8 = {r["runtime"]: r for r in result["rows"] if r["precision"] == "static"}
     assert "onnxruntime" in int8 and any("int8" in r["runtime"] for r in int8.values()), list(int8)
     assert all(r["effective"].startswith("int8") or "simulated" in r["effective"] for r in int8.values())
@@ -156,7 +152,7 @@ def test_a_vit_quantizes_in_paddle_and_onnx_runtime(quantized):
 @pytest.mark.slow
 def test_dynamic_int8_runs_a_vits_matmuls_in_integer_kernels_in_onnx_runtime(quantized):
     # Dynamic quantization is the transformer's method: its Linear layers become MatMulInteger.
-    _, result = job(quantized, "torch", "dynamic")
+    _, result = swept(quantized, "torch", "dynamic")
     rows = {r["runtime"]: r for r in result["rows"] if r["precision"] == "dynamic"}
     assert rows["onnxruntime"]["effective"].startswith("int8 kernels"), rows["onnxruntime"]
     assert rows["onnxruntime"]["kernels"]["int8"] >= 4 * 2  # at least the blocks' Linears: 4 a block, 2 blocks
@@ -167,9 +163,7 @@ def test_dynamic_int8_runs_a_vits_matmuls_in_integer_kernels_in_onnx_runtime(qua
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_vit_fine_tunes_with_fake_quantization_and_runs_int8(quantized, backend):
-    done, _ = quantized[backend]
-    assert done.returncode == 0, done.stderr[-3000:]
-    out, result = job(quantized, backend, "qat")
+    out, result = swept(quantized, backend, "qat")
     assert (out / "qat" / "metrics.jsonl").exists()
     assert result["settings"]["qat"]["steps"] == 3 and np.isfinite(result["settings"]["qat"]["final_loss"])
     int8 = [r for r in result["rows"] if r["precision"] == "qat" and "error" not in r]
