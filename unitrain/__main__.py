@@ -1,4 +1,5 @@
 from unitrain.app import main
+from unitrain.host.processes import run_command
 
 if __name__ == "__main__":
-    main()
+    run_command(main)

@@ -59,4 +59,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from unitrain.host.processes import run_command
+
+    run_command(main)

@@ -262,4 +262,6 @@ def _check_line(found: Dict[str, Any], source_name: str, image_size: int) -> str
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from unitrain.host.processes import run_command
+
+    run_command(main)

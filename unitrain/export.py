@@ -105,4 +105,6 @@ def _track(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from unitrain.host.processes import run_command
+
+    run_command(main)

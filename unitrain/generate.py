@@ -65,4 +65,6 @@ def _stream(text: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from unitrain.host.processes import run_command
+
+    run_command(main)

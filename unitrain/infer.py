@@ -174,4 +174,6 @@ def _score(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from unitrain.host.processes import run_command
+
+    run_command(main)

@@ -105,4 +105,6 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from unitrain.host.processes import run_command
+
+    run_command(main)

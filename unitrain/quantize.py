@@ -55,4 +55,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from unitrain.host.processes import run_command
+
+    run_command(main)

@@ -45,6 +45,8 @@ from paddle.distributed.launch.job.container import Container
 from paddle.distributed.launch.utils import process_context
 from paddle.distributed.launch.utils.process_context import ProcessContext
 
+from unitrain.host.processes import run_command
+
 __all__: list = []
 
 _restart_peer = ETCDMaster.restart_peer
@@ -124,6 +126,10 @@ def _fix_the_launcher() -> None:
     _replace(Container, "__str__", _container_without_its_environment)
 
 
+def _launch() -> None:
+    runpy.run_module("paddle.distributed.launch", run_name="__main__", alter_sys=True)
+
+
 if __name__ == "__main__":
     _fix_the_launcher()
-    runpy.run_module("paddle.distributed.launch", run_name="__main__", alter_sys=True)
+    run_command(_launch)

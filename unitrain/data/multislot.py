@@ -117,4 +117,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from unitrain.host.processes import run_command
+
+    run_command(main)

@@ -233,4 +233,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Only now: the status above is written before anything of unitrain is imported.
+    from unitrain.host.processes import end_process
+
+    end_process(status)
