@@ -8,6 +8,7 @@ live in :mod:`unitrain.config.validation`.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, List, Optional, Tuple
@@ -501,6 +502,7 @@ class QuantizeConfig:
     qat: QatConfig = field(default_factory=QatConfig)
 
 
+@functools.cache  # once a process: each storing builds the structured configs again (a tenth of a second)
 def register_configs() -> None:
     """Store the commands' root schemas; every YAML option in conf/<group>/ is merged onto its typed node."""
     # Imported here: a job's worker processes read this schema and never compose a config, and
