@@ -46,13 +46,9 @@ def test_quick_benchmark_writes_json_and_markdown(tmp_path):
     ]
     variants = {(r["backend"], r["variant"]) for r in results["scaling"]}
     for backend in ("paddle", "torch"):
-        assert {
-            (backend, "default"),
-            (backend, "no all-reduce (2 independent jobs)"),
-            (backend, "bucket_cap_mb=5"),
-        } <= variants
-    assert ("torch", "grad_compression=fp16") in variants
-    assert all(r["buckets"] for r in results["scaling"] if r["variant"] == "bucket_cap_mb=5")
+        assert {(backend, "default"), (backend, "no all-reduce (2 independent jobs)")} <= variants
+    # Each 2-process row reads the all-reduce its job really ran (the levers' rows: a full run).
+    assert all(r["buckets"] for r in results["scaling"] if r["variant"] == "default")
     # backend.tuned=true gets a scaling row only where it applies something: never torch on a CPU.
     tuned_scaling = [r for r in results["scaling"] if r["variant"].startswith("backend.tuned=true")]
     assert all(r["backend"] == "paddle" and "MKL" in r["variant"] and r["ips_1x1"] > 0 for r in tuned_scaling), (

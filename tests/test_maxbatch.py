@@ -29,7 +29,7 @@ def test_the_search_ends_between_a_batch_that_fits_and_the_next_that_does_not(tm
         "--max",
         "8192",
         "--resolution",
-        "64",
+        "256",  # two halvings after the first failure: each trial is a process of its own
         "--out",
         str(out),
         "backend=torch",
@@ -44,7 +44,7 @@ def test_the_search_ends_between_a_batch_that_fits_and_the_next_that_does_not(tm
     fits = {t["batch_size"] for t in trials if t["fits"]}
     fails = {t["batch_size"] for t in trials if not t["fits"]}
     assert 256 <= best < 8192, result
-    assert best in fits and any(best < f <= best + 64 for f in fails), result
+    assert best in fits and any(best < f <= best + 256 for f in fails), result
     # Monotone: nothing that failed is smaller than anything that fitted.
     assert max(fits) < min(fails)
     assert all(t["peak_mb"] <= 800 for t in trials if t["fits"])

@@ -148,6 +148,8 @@ def test_mlflows_own_server_shows_the_sweep_and_a_browser_renders_it(tracked_swe
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # its workers go with it
         cwd=tmp_path,  # where it keeps the artifacts sent to it
+        # Without the job runner (GenAI jobs, seven huey processes): it serves runs alike.
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
     )
     try:
         url = f"http://127.0.0.1:{port}"
