@@ -26,6 +26,9 @@ def late():
     (out / "thread.txt").write_text("finished")
 
 threading.Thread(target=late).start()
+from concurrent.futures import ThreadPoolExecutor
+
+ThreadPoolExecutor(2).submit(print, end="")  # left running, as Inductor's compile pool is
 print("buffered stdout, no newline", end="")
 
 def main():

@@ -100,9 +100,9 @@ def end_process(status: object) -> None:
     else:
         print(status, file=sys.stderr)
         code = 1
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    # As the interpreter's own exit begins: threading's exit hooks (they stop the workers of
+    # concurrent.futures' pools, which are not daemons), then the join of every such thread.
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     _flush_everything()
     os._exit(code & 0xFF)
