@@ -9,6 +9,8 @@ keep it and its workers from running on, reparented to init, when the main proce
 * a watchdog thread in each worker that polls the main process (pid plus start time, so that a
   reused pid does not count) and ends the worker when it is gone, for the grandchildren that a
   launcher starts, whose parent is the launcher and not the main process.
+
+Every command and worker also ends here (``run_command``), without the interpreter's teardown.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, NoReturn, Optional
 
 PR_SET_PDEATHSIG = 1
 POLL_S = 0.5
@@ -74,7 +76,7 @@ def watch(pid: int, expected_start: Optional[str], on_gone) -> threading.Thread:
     return thread
 
 
-def run_command(main: Callable[[], object]) -> None:
+def run_command(main: Callable[[], object]) -> NoReturn:
     """Run a command's ``main`` and end the process with its exit status (what it returned, or
     the status of the ``SystemExit`` it raised), as :func:`end_process` ends it. An exception
     other than ``SystemExit`` ends the process as Python does, with its traceback."""
@@ -85,7 +87,7 @@ def run_command(main: Callable[[], object]) -> None:
     end_process(status)
 
 
-def end_process(status: object) -> None:
+def end_process(status: object) -> NoReturn:
     """End this process with ``status`` (None is 0, a message is printed and is 1, as
     ``sys.exit`` takes them), once everything a normal exit finishes has finished: the threads
     that are not daemons, the ``atexit`` callbacks (logging's flush and close, temporary
