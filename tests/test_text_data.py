@@ -1,4 +1,4 @@
-"""data=text's corpus, tokenizers, splits, samples and token cache (unitrain/data/text.py), on
+"""data=text's corpus, tokenizers, splits, samples and token cache (unitrain/data/text/), on
 tiny corpora written here: every refusal is one line raised before anything is written."""
 
 from __future__ import annotations
@@ -19,11 +19,13 @@ from unitrain.data.text import (
     TOKENIZER_FILE,
     check_text_config,
     check_text_files,
+    job_tokenizer,
     load_text,
     load_tokenizer,
     record_path,
     token_dtype,
 )
+from unitrain.data.text import corpus as text_corpus
 from unitrain.errors import ConfigError
 from unitrain.host.cache import cache_root
 
@@ -134,7 +136,7 @@ def test_a_bad_file_is_one_line_naming_it_and_nothing_is_written(tmp_path, cache
 
 def test_the_offset_of_a_bad_byte_counts_across_reads(tmp_path, monkeypatch):
     # Reads of 3 bytes: the é is cut in two between reads, and the bad byte comes reads later.
-    monkeypatch.setattr(text, "CHUNK_BYTES", 3)
+    monkeypatch.setattr(text_corpus, "CHUNK_BYTES", 3)
     path = bad_file(tmp_path, ("x" * 10 + "\u00e9").encode() + b"\xff" + b"tail")
     assert "the byte at offset 12 (0xff)" in refused(check_text_files, config(path))
     path.write_bytes(("x" * 10 + "\u00e9").encode())
@@ -296,7 +298,7 @@ def test_a_second_load_reuses_the_cache_and_a_changed_corpus_gets_its_own(corpus
 def test_a_second_bpe_job_neither_retrains_nor_retokenizes(corpus, cache, tmp_path, monkeypatch):
     cfg = config(corpus, tokenizer="bpe", vocab_size=300)
     first = load_text(cfg, 16, tmp_path / "run1", cache_dir=cache)
-    monkeypatch.setattr(text, "train_bpe", lambda *a: pytest.fail("trained again"))
+    monkeypatch.setattr(job_tokenizer, "train_bpe", lambda *a: pytest.fail("trained again"))
     second = load_text(cfg, 16, tmp_path / "run2", cache_dir=cache)
     assert second.reused and second.tokenizer.sha256 == first.tokenizer.sha256
 
