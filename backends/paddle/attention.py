@@ -14,12 +14,53 @@ from unitrain.errors import UnitrainError
 __all__ = ["multihead_attention_layer", "scaled_dot_product_attention"]
 
 
+class _WrittenOut:
+    """torch's multi-head attention in operators every tracer takes (matmul, softmax, reshape,
+    transpose), on the compat layer's parameters: what :func:`multihead_attention_layer`'s class
+    runs in a legacy program. Mixed into that class, which is defined on first use."""
+
+    def written_out(self, query, key, value, need_weights=True, average_attn_weights=True):
+        """The attention in operators every tracer takes (no mask, packed projections)."""
+        import paddle
+        from paddle.nn import functional as F
+
+        if not self.batch_first:  # heads are split on [batch, seq, embed]
+            query, key, value = (t.transpose([1, 0, 2]) for t in (query, key, value))
+        if query is key and key is value:
+            q, k, v = paddle.split(self._in_proj(query), 3, axis=-1)
+        else:
+            q, k, v = (self._in_proj(t, i) for i, t in enumerate((query, key, value)))
+        # 0 keeps that dimension: the batch (and lengths) stay dynamic in a traced program.
+        q, k, v = (t.reshape([0, 0, self.num_heads, self.head_dim]).transpose([0, 2, 1, 3]) for t in (q, k, v))
+        weights = F.softmax(paddle.matmul(q * self.head_dim**-0.5, k, transpose_y=True), axis=-1)
+        if self.training and self.dropout > 0:
+            weights = F.dropout(weights, self.dropout)
+        out = paddle.matmul(weights, v).transpose([0, 2, 1, 3]).reshape([0, 0, self.embed_dim])
+        out = self.out_proj(out)
+        if not self.batch_first:
+            out = out.transpose([1, 0, 2])
+        if not need_weights:
+            return out, None
+        return out, weights.mean(axis=1) if average_attn_weights else weights
+
+    def _in_proj(self, x, part=None):
+        """x projected by torch's packed in_proj_weight: by all of it (q, k and v in one
+        matmul, as torch does for self-attention) or by its ``part``-th third."""
+        import paddle
+
+        w, b = self.in_proj_weight, self.in_proj_bias
+        if part is not None:
+            rows = slice(part * self.embed_dim, (part + 1) * self.embed_dim)
+            w, b = w[rows], None if b is None else b[rows]
+        out = paddle.matmul(x, w, transpose_y=True)
+        return out if b is None else out + b
+
+
 def multihead_attention_layer():
     """The bridge class, defined on first use (this module loads without paddle)."""
     import paddle
-    from paddle.nn import functional as F
 
-    class MultiheadAttention(paddle.compat.nn.MultiheadAttention):
+    class MultiheadAttention(_WrittenOut, paddle.compat.nn.MultiheadAttention):
         """torch's nn.MultiheadAttention on Paddle's torch-compatible layer (its parameters, names
         and layouts). In dygraph and PIR programs the compat layer computes it (its fused
         attention: training and exports as PaConvert wrote them); in a legacy program (Paddle's
@@ -48,37 +89,6 @@ def multihead_attention_layer():
                     query, key, value, key_padding_mask, need_weights, attn_mask, average_attn_weights, is_causal
                 )
             return self.written_out(query, key, value, need_weights, average_attn_weights)
-
-        def written_out(self, query, key, value, need_weights=True, average_attn_weights=True):
-            """The attention in operators every tracer takes (no mask, packed projections)."""
-            if not self.batch_first:  # heads are split on [batch, seq, embed]
-                query, key, value = (t.transpose([1, 0, 2]) for t in (query, key, value))
-            if query is key and key is value:
-                q, k, v = paddle.split(self._in_proj(query), 3, axis=-1)
-            else:
-                q, k, v = (self._in_proj(t, i) for i, t in enumerate((query, key, value)))
-            # 0 keeps that dimension: the batch (and lengths) stay dynamic in a traced program.
-            q, k, v = (t.reshape([0, 0, self.num_heads, self.head_dim]).transpose([0, 2, 1, 3]) for t in (q, k, v))
-            weights = F.softmax(paddle.matmul(q * self.head_dim**-0.5, k, transpose_y=True), axis=-1)
-            if self.training and self.dropout > 0:
-                weights = F.dropout(weights, self.dropout)
-            out = paddle.matmul(weights, v).transpose([0, 2, 1, 3]).reshape([0, 0, self.embed_dim])
-            out = self.out_proj(out)
-            if not self.batch_first:
-                out = out.transpose([1, 0, 2])
-            if not need_weights:
-                return out, None
-            return out, weights.mean(axis=1) if average_attn_weights else weights
-
-        def _in_proj(self, x, part=None):
-            """x projected by torch's packed in_proj_weight: by all of it (q, k and v in one
-            matmul, as torch does for self-attention) or by its ``part``-th third."""
-            w, b = self.in_proj_weight, self.in_proj_bias
-            if part is not None:
-                rows = slice(part * self.embed_dim, (part + 1) * self.embed_dim)
-                w, b = w[rows], None if b is None else b[rows]
-            out = paddle.matmul(x, w, transpose_y=True)
-            return out if b is None else out + b
 
     return MultiheadAttention
 

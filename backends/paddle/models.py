@@ -99,7 +99,16 @@ def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1) -> tuple[nn.Conv
     return nn.Conv2D(cin, cout, kernel, stride=stride, padding=kernel // 2, bias_attr=False), BatchNorm2D(cout)
 
 
-class BasicBlock(nn.Layer):
+class _Residual(nn.Layer):
+    """A ResNet block: its branch (:meth:`branch`: conv-BN pairs with ReLUs between) added to the
+    shortcut (the input, or its downsampling), then a ReLU."""
+
+    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.relu_out(self.branch(x) + identity)
+
+
+class BasicBlock(_Residual):
     expansion = 1
 
     def __init__(self, cin: int, width: int, stride: int = 1):
@@ -115,14 +124,11 @@ class BasicBlock(nn.Layer):
     def last_bn(self) -> nn.BatchNorm2D:
         return self.bn2
 
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu_out(out + identity)
+    def branch(self, x: paddle.Tensor) -> paddle.Tensor:
+        return self.bn2(self.conv2(self.relu(self.bn1(self.conv1(x)))))
 
 
-class BottleneckBlock(nn.Layer):
+class BottleneckBlock(_Residual):
     expansion = 4
 
     def __init__(self, cin: int, width: int, stride: int = 1):
@@ -138,12 +144,10 @@ class BottleneckBlock(nn.Layer):
     def last_bn(self) -> nn.BatchNorm2D:
         return self.bn3
 
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
+    def branch(self, x: paddle.Tensor) -> paddle.Tensor:
         out = self.relu(self.bn1(self.conv1(x)))
         out = self.relu_mid(self.bn2(self.conv2(out)))
-        out = self.bn3(self.conv3(out))
-        return self.relu_out(out + identity)
+        return self.bn3(self.conv3(out))
 
 
 def _downsample(cin: int, cout: int, stride: int) -> nn.Sequential | None:
@@ -253,15 +257,20 @@ class Mlp(nn.Layer):
         return self.fc2(self.act(self.fc1(x)))
 
 
-class Block(nn.Layer):
-    def __init__(self, dim: int, heads: int, mlp_ratio: int):
-        super().__init__()
-        self.norm1, self.attn = nn.LayerNorm(dim), Attention(dim, heads)
-        self.norm2, self.mlp = nn.LayerNorm(dim), Mlp(dim, dim * mlp_ratio)
+class _PreNorm(nn.Layer):
+    """A transformer block (ViT's, GPT's): attention, then the MLP, each on the normalised input
+    and added to it."""
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
+
+
+class Block(_PreNorm):
+    def __init__(self, dim: int, heads: int, mlp_ratio: int):
+        super().__init__()
+        self.norm1, self.attn = nn.LayerNorm(dim), Attention(dim, heads)
+        self.norm2, self.mlp = nn.LayerNorm(dim), Mlp(dim, dim * mlp_ratio)
 
 
 class VisionTransformer(nn.Layer):
@@ -319,16 +328,12 @@ class GPTMlp(Mlp):
         return self.drop(super().forward(x))
 
 
-class GPTBlock(nn.Layer):
+class GPTBlock(_PreNorm):
     def __init__(self, spec: GPTSpec):
         super().__init__()
         d = spec.dim
         self.norm1, self.attn = nn.LayerNorm(d), CausalSelfAttention(d, spec.heads, spec.dropout)
         self.norm2, self.mlp = nn.LayerNorm(d), GPTMlp(d, d * spec.mlp_ratio, spec.dropout)
-
-    def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
 
 
 class GPT(nn.Layer):

@@ -235,6 +235,7 @@ def _quantizers_to_the_log() -> Iterator[None]:
         yield
 
 
+# QuantizeModule.save_quantized's signature, parameter for parameter (tests/test_layers.py checks it).
 def save_quantized(
     model: paddle.nn.Layer,
     method: str,

@@ -172,6 +172,7 @@ def save_qat(prepared: torch.nn.Module, stem: Path, example: np.ndarray, batches
     return _save(quantize_pt2e.convert_pt2e(prepared), example, stem)
 
 
+# QuantizeModule.save_quantized's signature, parameter for parameter (tests/test_layers.py checks it).
 def save_quantized(
     model: torch.nn.Module,
     method: str,

@@ -3,7 +3,8 @@
 A job is one MLflow run; a multirun (a grid or a search) is one experiment with a parent run and
 a child per job. The store is ``MLFLOW_TRACKING_URI`` when set (a server, a database), else an
 SQLite file in the run tree (``mlflow.db`` in the sweep's directory, or the run's) with the
-artifacts beside it (``mlartifacts/``), so that nothing needs a server.
+artifacts beside it (``mlartifacts/``), so that nothing needs a server
+(:mod:`unitrain.tracking.store`: where it is, and whether it can be used).
 
 Hydra's process opens the run (the whole config as params), rank 0's trainer logs every step and
 evaluation as it goes (:class:`MlflowSink`), and the job's end adds what the summary observed
@@ -15,61 +16,43 @@ credentials.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import logging
 import math
 import os
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Literal, Optional, Tuple
 
 from omegaconf import OmegaConf
 
-from unitrain.errors import BackendUnavailableError, ConfigError, NothingLeftToRun, Refusal, Stopped
-from unitrain.host.atomic import cannot_create_in, replace_text
+from unitrain.errors import NothingLeftToRun, Refusal, Stopped
+from unitrain.host.atomic import replace_text
 from unitrain.host.console import RUN_LOG
 from unitrain.host.machine import unitrain_version
 
+# The store's names, imported here by the commands, the report and the tests.
+from unitrain.tracking.store import (  # noqa: F401
+    ARTIFACTS,
+    ENV_URI,
+    STORE,
+    artifact_location,
+    check_reachable,
+    import_mlflow,
+    mlflow_client,
+    public_uri,
+    tracking_uri,
+)
+
 RECORD = "mlflow.json"
-STORE = "mlflow.db"
-ARTIFACTS = "mlartifacts"
-ENV_URI = "MLFLOW_TRACKING_URI"
 #: The files of a run directory a tracked run keeps, when they exist.
 RUN_FILES = ("summary.json", "metrics.jsonl", RUN_LOG, "report.html", "comparison.md")
 #: MLflow takes at most this many params, and this many metrics, per call.
 _PARAMS_PER_CALL = 100
 _METRICS_PER_CALL = 1000
 Status = Literal["FINISHED", "FAILED", "KILLED"]
-
-
-def _mlflow() -> Any:
-    """The mlflow package, quiet: its table migrations log at INFO and SQLAlchemy warns about
-    MLflow's own queries, none of it the user's business."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import mlflow
-    except ImportError:
-        raise BackendUnavailableError(
-            "trainer.loggers=[mlflow] needs MLflow, which is not installed: pip install 'unitrain[tracking]'"
-        ) from None
-    for name in ("mlflow", "alembic"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    return mlflow
-
-
-def _client(uri: str) -> Any:
-    mlflow = _mlflow()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return mlflow.tracking.MlflowClient(tracking_uri=uri)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,7 +65,7 @@ class TrackedRun:
 
     def client(self) -> Any:
         # A recorded server URI has lost its credentials: the environment's has them.
-        return _client(os.environ.get(ENV_URI) or self.uri)
+        return mlflow_client(os.environ.get(ENV_URI) or self.uri)
 
     def write(self, directory: Path) -> None:
         replace_text(Path(directory) / RECORD, json.dumps(asdict(self), indent=2) + "\n")
@@ -96,130 +79,6 @@ class TrackedRun:
             return None
 
 
-def tracking_uri(root: Path) -> str:
-    """Where runs go: the environment's tracking URI, else an SQLite file in ``root``."""
-    return os.environ.get(ENV_URI) or f"sqlite:///{(Path(root) / STORE).resolve()}"
-
-
-#: The database dialects MLflow stores runs in, as SQLAlchemy names them (``dialect+driver://``).
-DATABASES = ("sqlite", "postgresql", "mysql", "mssql")
-#: The pip package of a database driver whose module is not the package's name (SQLAlchemy 2.1
-#: reads postgresql:// as psycopg 3's, which needs libpq unless installed with its binary).
-_DRIVER_PACKAGES = {
-    "psycopg": "'psycopg[binary]'",
-    "psycopg2": "psycopg2-binary",
-    "MySQLdb": "mysqlclient",
-    "pymysql": "PyMySQL",
-}
-
-
-def public_uri(uri: str) -> str:
-    """``uri`` without the user and password any URI may carry (a server's, a database's)."""
-    parts = urllib.parse.urlsplit(uri)
-    if "@" in parts.netloc:
-        return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
-    return uri
-
-
-def _dialect(uri: str) -> str:
-    return urllib.parse.urlsplit(uri).scheme.split("+")[0]
-
-
-def check_reachable() -> None:
-    """MLflow is installed and the store the environment names can be used: a server answers,
-    an SQLite file can be written, a database's driver is installed; else the job stops in one
-    line before it starts."""
-    _mlflow()
-    uri = os.environ.get(ENV_URI)
-    if not uri:
-        return
-    scheme = urllib.parse.urlsplit(uri).scheme
-    if scheme in ("http", "https"):
-        _check_server(uri)
-    elif scheme == "file":
-        raise ConfigError(
-            ENV_URI,
-            public_uri(uri),
-            "a database or server URI (MLflow 3 refuses its filesystem backend: it is in maintenance mode); "
-            "sqlite:///path/mlflow.db keeps runs in one file",
-        )
-    elif _dialect(uri) == "sqlite":
-        _check_sqlite(uri)
-    elif _dialect(uri) in DATABASES:
-        _check_driver(uri)
-    elif scheme != "databricks":
-        raise ConfigError(ENV_URI, public_uri(uri), "an http(s):// server or a database URI such as sqlite:///path")
-
-
-def _check_server(uri: str) -> None:
-    """The server's /health answers; a user and password in the URI (which MLflow's client
-    sends) go as HTTP basic authentication, never in the URL asked."""
-    parts = urllib.parse.urlsplit(uri)
-    request = urllib.request.Request(public_uri(uri).rstrip("/") + "/health")
-    if "@" in parts.netloc:
-        user, _, password = parts.netloc.rpartition("@")[0].partition(":")
-        token = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()
-        request.add_header("Authorization", "Basic " + base64.b64encode(token).decode())
-    try:
-        urllib.request.urlopen(request, timeout=5).close()
-    except (urllib.error.URLError, OSError, ValueError) as err:
-        reason = getattr(err, "reason", err)
-        raise ConfigError(
-            ENV_URI,
-            public_uri(uri),
-            f"a tracking server that answers (it did not: {reason}), or unset for an SQLite file in the run tree",
-        ) from None
-
-
-def _sqlite_file(uri: str) -> Optional[Path]:
-    """The file an sqlite URI names (None: an in-memory database)."""
-    path = uri.split("://", 1)[1][1:] if "://" in uri else ""
-    return Path(path) if path and path != ":memory:" else None
-
-
-def _check_sqlite(uri: str) -> None:
-    """The SQLite file exists and can be written, or can be made (SQLite makes no folders;
-    MLflow retries a file it cannot open for minutes)."""
-    path = _sqlite_file(uri)
-    if path is None:
-        raise ConfigError(ENV_URI, uri, "an SQLite file (sqlite:///path/mlflow.db): an in-memory store keeps nothing")
-    why = None
-    if path.exists():
-        try:
-            with open(path, "ab"):
-                pass
-        except OSError as err:
-            why = f"{path} cannot be written ({err.strerror or err})"
-    elif not path.parent.is_dir():
-        why = f"{path.parent} is not a folder"
-    else:
-        reason = cannot_create_in(path.parent)
-        why = f"{path.parent} cannot be written ({reason})" if reason else None
-    if why:
-        raise ConfigError(ENV_URI, uri, f"an SQLite file this user can write; {why}")
-
-
-def _check_driver(uri: str) -> None:
-    """The database's driver is installed (SQLAlchemy names it from the URI: ``postgresql://``
-    means psycopg2, ``mysql://`` mysqlclient, ``mssql://`` pyodbc)."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        dialect = make_url(uri).get_dialect()
-        load = getattr(dialect, "import_dbapi", None) or dialect.dbapi
-        load()
-    except ImportError as err:
-        module = (err.name or str(err)).split(".")[0]
-        package = _DRIVER_PACKAGES.get(module, module)
-        raise ConfigError(
-            ENV_URI,
-            public_uri(uri),
-            f"a database whose driver is installed; {_dialect(uri)} needs {module}: pip install {package}",
-        ) from None
-    except Exception as err:  # noqa: BLE001 - SQLAlchemy's words for a URI it cannot read
-        raise ConfigError(ENV_URI, public_uri(uri), f"a database URI SQLAlchemy reads ({err})") from None
-
-
 def _experiment(client: Any, name: str, root: Path) -> str:
     found = client.get_experiment_by_name(name)
     if found is not None:
@@ -229,20 +88,6 @@ def _experiment(client: Any, name: str, root: Path) -> str:
         return client.create_experiment(name, artifact_location=location)
     except Exception:  # noqa: BLE001 - another job of the sweep created it meanwhile
         return client.get_experiment_by_name(name).experiment_id
-
-
-def artifact_location(root: Path) -> Optional[str]:
-    """Where a new experiment's files go: beside an SQLite store (the run tree's own, or the
-    file the environment names), in the run tree for another database, where a server keeps
-    them (None) for a server. Never MLflow's default, ./mlruns of the folder the command ran in."""
-    uri = os.environ.get(ENV_URI)
-    if not uri:
-        return (Path(root) / ARTIFACTS).resolve().as_uri()
-    if _dialect(uri) == "sqlite" and _sqlite_file(uri) is not None:
-        return (_sqlite_file(uri).resolve().parent / ARTIFACTS).as_uri()
-    if _dialect(uri) in DATABASES:
-        return (Path(root) / ARTIFACTS).resolve().as_uri()
-    return None
 
 
 def experiment_name(root: Path, sweep: bool) -> str:
@@ -269,7 +114,7 @@ def flatten(tree: Dict[str, Any], prefix: str = "") -> Dict[str, Any]:
 
 def start_sweep(cfg: Any, sweep_dir: Path) -> TrackedRun:
     """The parent run of a multirun's jobs."""
-    client = _client(tracking_uri(sweep_dir))
+    client = mlflow_client(tracking_uri(sweep_dir))
     experiment = _experiment(client, experiment_name(sweep_dir, sweep=True), sweep_dir)
     run = client.create_run(
         experiment, run_name=f"sweep {Path(sweep_dir).name}", tags={"unitrain_version": unitrain_version()}
@@ -283,7 +128,7 @@ def start_run(cfg: Any, run_dir: Path, parent_dir: Optional[Path]) -> TrackedRun
     """The run of one job, under ``parent_dir``'s run when it has one: the config as params."""
     parent = TrackedRun.read(parent_dir) if parent_dir else None
     root = Path(parent_dir) if parent else Path(run_dir)
-    client = parent.client() if parent else _client(tracking_uri(root))
+    client = parent.client() if parent else mlflow_client(tracking_uri(root))
     experiment = parent.experiment_id if parent else _experiment(client, experiment_name(root, sweep=False), root)
     tags = {
         "framework": cfg.backend.name,
@@ -294,7 +139,7 @@ def start_run(cfg: Any, run_dir: Path, parent_dir: Optional[Path]) -> TrackedRun
         tags["mlflow.parentRunId"] = parent.run_id
     name = Path(run_dir).name if parent else f"{cfg.backend.name} {Path(run_dir).name}"
     run = client.create_run(experiment, run_name=name, tags=tags)
-    mlflow = _mlflow()
+    mlflow = import_mlflow()
     params = [mlflow.entities.Param(key, _text(value)) for key, value in flatten(_config(cfg)).items()]
     for i in range(0, len(params), _PARAMS_PER_CALL):
         client.log_batch(run.info.run_id, params=params[i : i + _PARAMS_PER_CALL])
@@ -320,7 +165,7 @@ def finish_run(run_dir: Path, summary: Optional[Dict[str, Any]], status: Status)
         return
     client = tracked.client()
     if summary:
-        tags = [_mlflow().entities.RunTag(key, value) for key, value in observed_tags(summary).items()]
+        tags = [import_mlflow().entities.RunTag(key, value) for key, value in observed_tags(summary).items()]
         client.log_batch(tracked.run_id, tags=tags)
         _log_metrics(client, tracked.run_id, [(f"summary.{k}", v, 0) for k, v in _figures(summary)])
     if not client.get_metric_history(tracked.run_id, "loss"):
@@ -410,7 +255,7 @@ def record_metrics(record: Dict[str, Any]) -> Iterator[Tuple[str, float, int]]:
 
 
 def _log_metrics(client: Any, run_id: str, metrics: List[Tuple[str, float, int]]) -> None:
-    mlflow = _mlflow()
+    mlflow = import_mlflow()
     now = int(time.time() * 1000)
     entities = [mlflow.entities.Metric(key, value, now, step) for key, value, step in metrics]
     for i in range(0, len(entities), _METRICS_PER_CALL):
