@@ -310,3 +310,24 @@ def test_the_top_level_holds_only_the_commands_and_the_public_api():
     top = sorted(p.name for p in CORE.glob("*.py"))
     assert len(top) <= 14, top  # the commands (generate the newest), __init__, errors, registry
     assert unitrain.__all__  # the public API: what `import unitrain` offers a loop of one's own
+
+
+def hydra_plugins_imports(path: Path, package: str) -> list:
+    """(line, module) for each import of ``path`` from the hydra_plugins namespace, function-local too."""
+    return [(line, target) for line, target in every_import(path, package) if target.split(".")[0] == "hydra_plugins"]
+
+
+def test_the_core_imports_nothing_from_hydra_plugins(tmp_path):
+    """hydra_plugins/unitrain_sweeper imports unitrain (when a search runs), never the other way:
+    the sweeper and its registration stand on the plugin's side."""
+    local = tmp_path / "hydra.py"  # the check sees an import inside a function (what launch/hydra.py had)
+    local.write_text("def register_sweeper():\n    from hydra_plugins.unitrain_sweeper import OptunaSweeper\n")
+    assert hydra_plugins_imports(local, "unitrain.launch") == [(2, "hydra_plugins.unitrain_sweeper")]
+    found = []
+    for path in sorted(CORE.rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found += [
+            f"{path.relative_to(ROOT)}:{line} imports {target}" for line, target in hydra_plugins_imports(path, package)
+        ]
+    assert found == []

@@ -1,6 +1,9 @@
 """unitrain: one training job, PaddlePaddle or PyTorch, compared honestly.
 
 This package imports no framework: ``get_backend(name)`` imports one when asked.
+
+``Profiler`` is the step timer (reader_cost, batch_cost, ips per step: the seed's timer-only
+profiler, named so by the design card), not a framework's trace, which ``profiler=trace`` writes.
 """
 
 from unitrain.config.schema import AmpConfig, DataConfig, DistConfig, ModelConfig, OptimConfig, TrainerConfig
@@ -14,7 +17,7 @@ from unitrain.interface.modules import available_backends
 from unitrain.interface.precision import MixedPrecision
 from unitrain.model.build import build_model
 from unitrain.model.custom import CustomModel
-from unitrain.train.step_timer import Profiler
+from unitrain.train.step_timer import Profiler  # the step timer, not a framework's trace
 
 __version__ = unitrain_version()
 

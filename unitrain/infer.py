@@ -47,6 +47,7 @@ def _add_timing_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--eval-samples", type=int, default=0, help="held-out samples for the accuracy column (default 0: all)"
     )
+    # One add_argument per option, as maxbatch.py's: alike in shape, each its own option.
     parser.add_argument(
         "--warmup",
         type=int,

@@ -28,6 +28,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--start", type=int, default=16, help="the first batch tried (default 16)")
     parser.add_argument("--max", type=int, default=4096, help="stop searching above this batch (default 4096)")
     parser.add_argument("--steps", type=int, default=2, help="training steps per trial (default 2)")
+    # One add_argument per option, as infer.py's: alike in shape, each its own option.
     parser.add_argument(
         "--resolution",
         type=int,

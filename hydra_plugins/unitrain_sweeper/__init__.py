@@ -2,8 +2,11 @@
 
 Hydra imports every module under the ``hydra_plugins`` namespace at every start, and instantiates
 only sweepers defined there: this module declares the sweeper's config (the keys of Hydra's own
-Optuna sweeper that unitrain's searches use) and a thin sweeper class. Optuna and the search's
-logic (:mod:`unitrain.launch.optuna_sweeper`) are imported when a search runs, not here.
+Optuna sweeper that unitrain's searches use), a thin sweeper class and its registration, all on
+this side: unitrain has no import of this module (where Hydra's scan misses it, in an editable
+install, unitrain loads the class by the name its config gives, as Hydra loads a ``_target_``, and
+calls :meth:`OptunaSweeper.register`). Optuna and the search's logic
+(:mod:`unitrain.launch.optuna_sweeper`) are imported when a search runs, not here.
 """
 
 # No `from __future__ import annotations`: Hydra's scan runs this module before it is in
@@ -12,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
+from hydra.core.plugins import Plugins
 from hydra.plugins.sweeper import Sweeper
 from hydra.types import HydraContext, TaskFunction
 from omegaconf import MISSING, DictConfig
@@ -98,10 +102,18 @@ class OptunaSweeper(Sweeper):
     def sweep(self, arguments: List[str]) -> None:
         self.search.sweep(arguments)
 
+    @classmethod
+    def register(cls) -> None:
+        """This sweeper known to Hydra: its configs stored again (after Hydra's scan of hydra_plugins,
+        they win over another plugin's hydra/sweeper=optuna registered meanwhile) and the class among
+        Hydra's plugins, also where the scan did not list this module (an editable install's finder,
+        pip install -e, does not list the hydra_plugins namespace)."""
+        store_configs()
+        Plugins.instance().register(cls)
 
-def register() -> None:
-    """hydra/sweeper=optuna and its samplers in Hydra's ConfigStore (run again, it wins over
-    another plugin's hydra/sweeper=optuna registered meanwhile)."""
+
+def store_configs() -> None:
+    """hydra/sweeper=optuna and its samplers in Hydra's ConfigStore."""
     store = ConfigStore.instance()
     store.store(group="hydra/sweeper", name="optuna", node=OptunaSweeperConf, provider="unitrain")
     samplers = {
@@ -115,4 +127,6 @@ def register() -> None:
         store.store(group="hydra/sweeper/sampler", name=name, node=node, provider="unitrain")
 
 
-register()
+# Hydra's scan imports this module while it builds its Plugins, which registers the class: only the
+# configs here.
+store_configs()

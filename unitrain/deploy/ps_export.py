@@ -29,7 +29,6 @@ from unitrain.interface.serving import Predict, serving_module
 from unitrain.ps.checkpoint import STANDARDIZE
 from unitrain.ps.data import job_data
 from unitrain.spec.serving import FILE, Serving
-from unitrain.train.checkpoint import checkpoint_run_dir
 
 KIND = "ps"
 STEM = "wide_deep"
@@ -131,10 +130,6 @@ def export_ps(
                 flush=True,
             )
     return out_dir
-
-
-def default_out(path: Path) -> Path:
-    return checkpoint_run_dir(path) / "export"
 
 
 # --- scoring ---------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import OverrideParseException
 
 from unitrain.launch import preflight
+from unitrain.train.objective import OPTUNA
 
 
 def group_options() -> Dict[str, List[str]]:
@@ -67,17 +68,16 @@ def bare_argument(args: List[str]) -> Optional[str]:
 
 
 def register_sweeper() -> None:
-    """hydra/sweeper=optuna (unitrain's sweeper, hydra_plugins/unitrain_sweeper) known to Hydra.
+    """hydra/sweeper=optuna (unitrain's sweeper, in Hydra's hydra_plugins namespace) known to Hydra.
     Hydra finds it by listing the hydra_plugins namespace, which an editable install's finder
-    (pip install -e) does not list: imported and registered by name here, it is found either way;
-    after Hydra's own scan, so that it replaces another plugin's hydra/sweeper=optuna."""
+    (pip install -e) does not list: loaded here by the name its config gives (as Hydra loads a
+    ``_target_``; unitrain imports nothing from hydra_plugins) and registered by its own method, it
+    is found either way; after Hydra's own scan, so that it replaces another plugin's hydra/sweeper=optuna."""
     from hydra.core.plugins import Plugins
+    from hydra.utils import get_class
 
-    plugins = Plugins.instance()  # scans hydra_plugins
-    from hydra_plugins.unitrain_sweeper import OptunaSweeper, register
-
-    register()
-    plugins.register(OptunaSweeper)
+    Plugins.instance()  # scans hydra_plugins
+    get_class(OPTUNA).register()
 
 
 def refusal(

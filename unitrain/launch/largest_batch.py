@@ -1,4 +1,4 @@
-"""``python -m unitrain.maxbatch [--memory-limit 8GiB] [job overrides...]``: the largest batch that fits.
+"""maxbatch's search for the largest batch that fits (the command is :mod:`unitrain.maxbatch`).
 
 Paddle's own framework comparisons set each framework at its largest batch; this finds it the
 same way for unitrain's job: each trial is ``python -m unitrain <overrides> trainer.batch_size=B``

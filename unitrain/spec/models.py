@@ -96,6 +96,7 @@ class GPTSpec:
     GELU MLP, a final LayerNorm, and a head tied to the token embedding (logits = x @ wte^T), so
     the vocabulary costs one matrix. The vocabulary's size is the data's (``num_classes``)."""
 
+    # Sizes named as ViTSpec's on purpose, not shared through a base: each spec reads whole in one place.
     dim: int
     depth: int
     heads: int

@@ -8,8 +8,9 @@ run the job opened.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, Iterator, List
 
 from unitrain.errors import BackendUnavailableError
 from unitrain.tracking.mlflow_runs import MlflowSink
@@ -30,14 +31,19 @@ class MetricSink:
         self.writer.close()
 
 
+@contextmanager
+def _needs(install: str) -> Iterator[None]:
+    """A sink's writer imported inside: its ImportError is the one line ``install`` (the package and its extra)."""
+    try:
+        yield
+    except ImportError:
+        raise BackendUnavailableError(install) from None
+
+
 class TensorBoardSink(MetricSink):
     def __init__(self, log_dir: Path):
-        try:
+        with _needs("trainer.loggers=[tensorboard] needs tensorboardX: pip install 'unitrain[tensorboard]'"):
             from tensorboardX import SummaryWriter
-        except ImportError:
-            raise BackendUnavailableError(
-                "trainer.loggers=[tensorboard] needs tensorboardX: pip install 'unitrain[tensorboard]'"
-            ) from None
         self.writer = SummaryWriter(logdir=str(log_dir))
 
     def scalar(self, tag: str, step: int, value: float) -> None:
@@ -46,12 +52,8 @@ class TensorBoardSink(MetricSink):
 
 class VisualDLSink(MetricSink):
     def __init__(self, log_dir: Path):
-        try:
+        with _needs("trainer.loggers=[visualdl] needs VisualDL: pip install 'unitrain[visualdl]'"):
             from visualdl import LogWriter
-        except ImportError:
-            raise BackendUnavailableError(
-                "trainer.loggers=[visualdl] needs VisualDL: pip install 'unitrain[visualdl]'"
-            ) from None
         self.writer = LogWriter(logdir=str(log_dir))
 
     def scalar(self, tag: str, step: int, value: float) -> None:

@@ -6,6 +6,10 @@ seconds in the step, all its threads: it drifts less than wall time on a shared 
 above ``batch_cost`` it shows the threads at work). The summary follows the layout of
 Paddle's timer_only benchmark summary. The first ``warmup_steps`` steps are measured but left
 out of the summary: they hold allocator and kernel-selection warm-up, not steady state.
+
+:class:`Profiler` is this timer (the seed's timer-only profiler, named so in the public API and
+the design card): it records no operators. The frameworks' own profilers (``profiler=trace``)
+write traces, and are the backends' ``profiler`` modules' (:mod:`unitrain.train.tracing` reads them).
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ class StepTime:
 
 
 class Profiler:
+    """The step timer (timer-only, as Paddle's ``timer_only`` profiler): reader_cost, batch_cost,
+    ips and cpu_cost per step and their summary; not a framework's trace (``profiler=trace``)."""
+
     def __init__(self, warmup_steps: int = 2, enabled: bool = True, history: Iterable[Dict[str, float]] = ()):
         self.warmup_steps, self.enabled = warmup_steps, enabled
         # A resumed run's summary covers every step it keeps, as its metrics.jsonl and clock do:
