@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch==2.13.0 is pinned in the extra; a looser pin would pull several GB of CUDA packages.
-	$(PY) -m pip install --quiet -e '.[paddle,torch,dev,export,quantize,convert,tracking,sweeps,cluster,elastic]'
+	$(PY) -m pip install --quiet -e '.[paddle,torch,dev,export,quantize,convert,tracking,sweeps,cluster,elastic,hf]'
 	# An environment made before unitrain had its own Optuna sweeper keeps hydra-optuna-sweeper
 	# 1.3.0, which needs optuna<3 (pip check fails) and registers hydra/sweeper=optuna too.
 	if $(PY) -m pip show --quiet hydra-optuna-sweeper 2>/dev/null; then $(PY) -m pip uninstall --quiet --yes hydra-optuna-sweeper; fi

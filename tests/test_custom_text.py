@@ -58,6 +58,20 @@ class LastPosition(nn.Module):
         return self.head(self.emb(idx)[:, -1])
 
 
+class LogitsAndLoss(nn.Module):
+    """nanoGPT's form: forward(idx, targets=None) returns (logits, loss), the loss None without targets."""
+
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.emb = nn.Embedding(vocab_size, 8)
+        self.head = nn.Linear(8, vocab_size)
+
+    def forward(self, idx, targets=None):
+        logits = self.head(self.emb(idx))
+        loss = None if targets is None else nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+        return logits, loss
+
+
 def three(num_classes, image_size):
     return Classes(3)
 
@@ -76,6 +90,10 @@ def good(num_classes, image_size):
 
 def last_position(vocab_size, block_size):
     return LastPosition(vocab_size)
+
+
+def logits_and_loss(vocab_size, block_size):
+    return LogitsAndLoss(vocab_size)
 
 
 not_callable = 5
@@ -339,3 +357,33 @@ def test_a_text_factory_that_does_not_fit_is_one_line(factory, said, tmp_path):
     if factory.endswith("last_position"):
         assert lines[0].endswith(f"it gave [2, {len(set(corpus_text()))}]"), lines[0]
     assert "Traceback" not in result.stderr and not result.run_dir.exists()
+
+
+# --- a language model's own forms ------------------------------------------------------------
+def test_a_language_model_returning_logits_and_loss_is_taken(lm_root, monkeypatch, tmp_path):
+    # nanoGPT's (logits, loss): its logits picked on both halves, the conversion checked with them.
+    monkeypatch.chdir(lm_root)
+    monkeypatch.syspath_prepend(str(lm_root))
+    args = [*TEXT, "backend=paddle", "model.torch=bad_nets:logits_and_loss", data_path(lm_root), "trainer.steps=2"]
+    assert refusal([*args, *QUIET], tmp_path) is None
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_lstm_with_dropout_between_its_layers_passes_the_conversions_training_check(lm_root, monkeypatch):
+    """char-rnn's usual form, nn.LSTM(..., num_layers=2, dropout=0.1): its dropout is turned off
+    in both halves alike, in torch's nn.LSTM and in the paddle.nn.LSTM of the translated half (a
+    list of cells, where torch's is one layer); it moved the translated half's weights by 0.6."""
+    from hydra import compose, initialize_config_module
+
+    from unitrain.config.schema import register_configs
+    from unitrain.train.parity import check_converted
+
+    monkeypatch.chdir(lm_root)
+    monkeypatch.syspath_prepend(str(lm_root))
+    register_configs()
+    overrides = [*CHAR_RNN[:-1], "model.kwargs={hidden: 16, layers: 2, dropout: 0.1}", "trainer.threads=1"]
+    with initialize_config_module("unitrain.conf", version_base=None):
+        cfg = compose("config", overrides=[*overrides, data_path(lm_root)])
+    training = check_converted(cfg, "paddle", 11)["training"]
+    assert training["compared"] and training["random_layers_off"] == ["lstm"], training
+    assert training["loss_rel_diff"] <= 1e-4 and training["largest_change"]["rel_diff"] <= 1e-2, training

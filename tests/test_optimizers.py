@@ -248,6 +248,9 @@ def test_a_table_tied_to_a_linear_is_kept_from_decay_on_both():
             "optim.beta2=0.95 is not allowed: 0.999 (its default) with optim.name=momentum: only adam and adamw",
         ),
         (["optim=adagrad"], "optim.name='adagrad' is not allowed: one of momentum, sgd, adam, adamw"),
+        # Only the cosine schedule reads it: silently unused before.
+        (["optim.min_lr_ratio=0.1"], "optim.min_lr_ratio=0.1 is not allowed: 0 with optim.schedule=constant"),
+        (["optim=adamw", "optim.schedule=step"], "optim.min_lr_ratio=0.1 is not allowed: 0 with optim.schedule=step"),
     ],
 )
 def test_bad_optimizer_settings_get_one_line(args, expected, tmp_path):

@@ -1,4 +1,4 @@
-"""The parameter servers' sparse tables (unitrain/ps/table.py): rows created on first sight,
+"""The parameter servers' sparse tables (unitrain/spec/ps_table.py): rows created on first sight,
 Paddle's update rules, checkpoints of rows and rule state."""
 
 from __future__ import annotations

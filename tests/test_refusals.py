@@ -87,8 +87,19 @@ def test_compare_refuses_a_target_that_is_not_a_number(tmp_path):
         text=True,
     )
     assert proc.returncode == 2 and proc.stderr.strip() == (
-        "unitrain.compare: error: --target-loss=nan is not allowed: a finite number"
+        "unitrain.compare: error: --target-loss=nan is not allowed: a finite number > 0 (a loss to reach)"
     )
+
+
+@pytest.mark.parametrize("target", ["-1", "0"])
+def test_compare_refuses_a_loss_no_run_can_reach(tmp_path, target, capsys):
+    """Before: accepted, and every run reported "not reached"."""
+    from unitrain.compare import main
+
+    assert main([str(tmp_path), "--target-loss", target]) == 2
+    said = capsys.readouterr().err.strip()
+    allowed = "a finite number > 0 (a loss to reach)"
+    assert said == f"unitrain.compare: error: --target-loss={float(target)} is not allowed: {allowed}"
 
 
 @pytest.fixture(scope="module")
@@ -314,3 +325,15 @@ def test_criteo_files_that_cannot_train_are_refused_before_any_process_starts(li
     args = ["experiment=wide_deep_ps", "backend=torch", "data=criteo", *(f"{k}={v}" for k, v in paths.items())]
     line = refusal(args, tmp_path)
     assert line is not None and message in line and bad in line, line
+
+
+def test_a_paddle_restart_job_without_etcd_is_refused_before_its_run_folder_is_made(tmp_path, monkeypatch):
+    """Before: refused in one clear line by the launcher, after the run folder was made."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # a machine without etcd-server
+    args = ["backend=paddle", "model=tiny", "dist.nproc_per_node=2", "dist.max_restarts=1"]
+    said = refusal(args, tmp_path)
+    assert said is not None and said.startswith(
+        "unitrain: error: dist.max_restarts=1 is not allowed: 0 with backend=paddle"
+    )
+    assert "make etcd" in said and not (tmp_path / "run").exists()
+    assert refusal(["backend=torch", "model=tiny", "dist.nproc_per_node=2", "dist.max_restarts=1"], tmp_path) is None

@@ -365,7 +365,44 @@ def test_a_tokenizer_file_passed_explicitly_is_checked_and_kept_in_the_run(corpu
     assert "the corpus that" in refused(load_text, config(other), 16, tokenizer_file=with_record, cache_dir=cache)
     os.remove(record_path(with_record))  # a foreign file: its characters must still cover the corpus
     message = refused(load_text, config(other), 16, tokenizer_file=with_record, cache_dir=cache)
-    assert "'z' is not one of them" in message
+    assert message.startswith(f"tokenizer={str(with_record)!r}") and "cannot encode 'z'" in message
+
+
+def _foreign_char_tokenizer(corpus: Path, tmp_path: Path, cache: Path) -> Path:
+    """The tokenizer.json (and its record) of a run on another corpus: as many characters as
+    ``corpus``'s, one of them another."""
+    own = sorted(set(corpus.read_text(encoding="utf-8")))
+    other = tmp_path / "other.txt"
+    other.write_text(corpus.read_text(encoding="utf-8").replace(own[-1], "\u2603"), encoding="utf-8")
+    load_text(config(other), 16, tmp_path / "other-run", cache_dir=cache)
+    return tmp_path / "other-run" / TOKENIZER_FILE
+
+
+@pytest.mark.parametrize("with_its_record", [False, True], ids=["tokenizer-alone", "with-its-record"])
+def test_on_resume_a_tokenizer_from_another_corpus_is_blamed_not_the_corpus(corpus, cache, tmp_path, with_its_record):
+    """Before: a run's tokenizer.json replaced by another corpus's was refused as
+    "data.path=... 'H' is not one of them"; now the line names the tokenizer file (or, when its
+    record came with it, says which corpus it was made from), and nothing is written."""
+    import shutil
+
+    run = tmp_path / "run"
+    load_text(config(corpus), 16, run, cache_dir=cache)
+    foreign = _foreign_char_tokenizer(corpus, tmp_path, cache)
+    shutil.copy(foreign, run / TOKENIZER_FILE)
+    if with_its_record:
+        shutil.copy(record_path(foreign), record_path(run / TOKENIZER_FILE))
+    resumed = tmp_path / "resumed"
+    message = refused(load_text, config(corpus), 16, resumed, tokenizer_file=run / TOKENIZER_FILE, cache_dir=cache)
+    if with_its_record:  # the tokenizer and its record agree: it was made from the other corpus
+        assert f"the corpus that {run / TOKENIZER_FILE} was made from ({tmp_path / 'other.txt'}" in message, message
+    else:
+        assert message.startswith(f"tokenizer={str(run / TOKENIZER_FILE)!r} is not allowed: the tokenizer.json")
+        assert "is not the tokenizer tokenizer.corpus.json beside it records" in message, message
+        os.remove(record_path(run / TOKENIZER_FILE))  # no record: its characters are checked
+        message = refused(load_text, config(corpus), 16, resumed, tokenizer_file=run / TOKENIZER_FILE, cache_dir=cache)
+        assert message.startswith(f"tokenizer={str(run / TOKENIZER_FILE)!r}") and "cannot encode" in message
+        assert "made from another corpus" in message and "or a new run directory" in message
+    assert not resumed.exists()
 
 
 # ---------------------------------------------------------------------------------------------

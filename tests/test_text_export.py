@@ -99,9 +99,9 @@ def test_torch_export_keeps_the_time_axis_dynamic_up_to_the_context(tmp_path):
     1 to BLOCK tokens, and computes what the model does at each length."""
     import torch
 
-    from unitrain.deploy.artifacts import token_ids
     from unitrain.interface.export import export_module
     from unitrain.interface.infer import infer_module
+    from unitrain.tasks.language_export import token_ids
 
     model = build("torch")
     ids = np.random.default_rng(0).integers(0, 50, (4, BLOCK)).astype(np.int64)
@@ -121,10 +121,10 @@ def test_paddle_export_keeps_the_time_axis_dynamic_natively_and_in_onnx(tmp_path
     optimizer would fetch onnx_graphsurgeon: unitrain turns it off)."""
     import paddle
 
-    from unitrain.deploy.artifacts import token_ids
     from unitrain.deploy.runtimes import OnnxRuntime
     from unitrain.interface.export import export_module
     from unitrain.interface.infer import infer_module
+    from unitrain.tasks.language_export import token_ids
 
     before = installed()
     model = build("paddle")

@@ -207,6 +207,34 @@ def test_compare_times_the_held_out_loss_and_plots_it(runs, tmp_path):
     assert (tmp_path / "held_out.png").is_file()
 
 
+@pytest.mark.slow
+def test_compare_shows_char_bpe_and_image_runs_in_one_table_each_measure_where_it_applies(runs, corpus, tmp_path):
+    """Before: a char-level run beside a BPE run raised KeyError: 'bits/character', a text run
+    beside an image run KeyError: 'tokens/s', with and without --target-loss."""
+    from unitrain.compare import main
+
+    bpe = run_unitrain(
+        ["backend=torch", *JOB, f"data.path={corpus}", "data.tokenizer=bpe", "data.vocab_size=300"], tmp_path / "bpe"
+    )
+    image = run_unitrain(
+        ["backend=torch", "model=tiny", "data.image_size=16", "trainer.steps=2", "trainer.threads=1"],
+        tmp_path / "image",
+    )
+    assert bpe.returncode == 0 and image.returncode == 0, bpe.stderr[-2000:] + image.stderr[-2000:]
+    dirs = [str(runs("torch").run_dir), str(bpe.run_dir), str(image.run_dir)]
+    for extra in ([], ["--target-loss", "2.5"]):
+        assert main([*dirs, "--out", str(tmp_path / "report"), *extra]) == 0
+        lines = (tmp_path / "report" / "comparison.md").read_text().split("\n\n")[0].splitlines()  # the table
+        header = [c.strip() for c in lines[0].strip("|").split("|")]
+        rows = [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+        assert {"bits/character", "bits/byte", "tokens/s", "samples/s"} <= set(header)
+        char, byte, images = rows
+        assert char["bits/character"] != "-" and char["bits/byte"] == "-" and byte["bits/byte"] != "-"
+        assert images["tokens/s"] == "-" and images["samples/s"] != "-" and char["samples/s"] == "-"
+    for bad in ("-1", "0"):
+        assert main([*dirs, "--target-loss", bad]) == 2
+
+
 def test_a_run_resumes_from_the_other_frameworks_checkpoint_with_its_tokenizer(runs, corpus, tmp_path):
     torch_run = runs("torch")
     resumed = run_unitrain(
@@ -287,7 +315,7 @@ def test_val_samples_spreads_that_many_disjoint_windows_over_the_held_out_split(
     from omegaconf import OmegaConf
 
     from unitrain.data.text import load_text
-    from unitrain.train.language import held_out_windows
+    from unitrain.tasks.language import held_out_windows
 
     cfg = OmegaConf.create(
         {
@@ -358,3 +386,96 @@ def test_a_token_cache_that_cannot_be_written_is_one_line_and_leaves_no_folder(c
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
     assert last.startswith("unitrain: error: UNITRAIN_CACHE='/proc/unitrain-cache' is not allowed: ")
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_temperature_too_small_to_divide_by_samples_the_most_likely_tokens(runs, capsys):
+    """Before: --temperature 1e-320 passed the check, then numpy raised "Probabilities contain
+    NaN" (logits / 1e-320 overflowed to inf, inf - inf is NaN). The largest logit is now taken
+    away before the division: any positive temperature samples, a tiny one the most likely tokens."""
+    from unitrain.generate import main
+
+    texts = []
+    for temperature in ("0", "1e-320", "5e-324"):
+        run = str(runs("torch").run_dir)
+        assert main([run, "--prompt", "The ", "--tokens", "20", "--temperature", temperature]) == 0
+        texts.append(capsys.readouterr().out)
+    assert texts[0] == texts[1] == texts[2] and len(texts[0]) > 20
+
+
+def _foreign_tokenizer(corpus: Path, folder: Path, drop: bool) -> Path:
+    """A run directory's tokenizer.json and its record made from another corpus: the docs with
+    their last character another one (as many characters) or gone (one fewer)."""
+    from unitrain.config.schema import DataConfig
+    from unitrain.data.text import load_text
+
+    text = corpus.read_text()
+    last = sorted(set(text))[-1]
+    other = folder / "other.txt"
+    other.write_text(text.replace(last, "" if drop else "\u2603"))
+    load_text(DataConfig(name="text", path=str(other)), 32, folder / "other-run", cache_dir=folder / "cache")
+    return folder / "other-run" / "tokenizer.json"
+
+
+@pytest.mark.parametrize(
+    "case, said",
+    [
+        ("tokenizer alone", "is not the tokenizer tokenizer.corpus.json beside it records"),
+        ("one token fewer", "holds a char tokenizer of {fewer} tokens, and checkpoint"),
+        ("another corpus", "was made from {other} (sha256"),
+        ("another corpus, no summary", "was made from {other} (sha256"),
+    ],
+)
+def test_generation_refuses_a_tokenizer_from_another_corpus_naming_it(runs, corpus, tmp_path, capsys, case, said):
+    """Before: a run's tokenizer.json from another corpus generated that corpus's characters
+    without a word. Now its vocabulary, its record and the corpus it names are checked against the
+    checkpoint: one line naming the file, nothing generated."""
+    import shutil
+
+    from unitrain.generate import main
+
+    run = tmp_path / "run"
+    shutil.copytree(runs("torch").run_dir, run)
+    foreign = _foreign_tokenizer(corpus, tmp_path, drop=case == "one token fewer")
+    shutil.copy(foreign, run / "tokenizer.json")
+    if case != "tokenizer alone":
+        shutil.copy(foreign.with_name("tokenizer.corpus.json"), run / "tokenizer.corpus.json")
+    if case.endswith("no summary"):  # a run still training: the corpus is the config's data.path
+        (run / "summary.json").unlink()
+    assert main([str(run), "--tokens", "5"]) == 2
+    captured = capsys.readouterr()
+    fewer = len(set(corpus.read_text())) - 1
+    said = said.format(fewer=fewer, other=tmp_path / "other.txt")
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and captured.out == "", captured
+    assert lines[0].startswith(f"unitrain.generate: error: {run / 'tokenizer.json'} ") and said in lines[0], lines[0]
+    assert lines[0].endswith("allowed: the tokenizer.json its run saved as it trained")
+
+
+def test_a_resume_with_a_tokenizer_from_another_corpus_blames_the_tokenizer_not_the_corpus(runs, corpus, tmp_path):
+    """Before: "data.path=... is not allowed: ... 'H' is not one of them", though the corpus was
+    the run's own and its tokenizer.json another corpus's."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(runs("torch").run_dir, run)
+    shutil.copy(_foreign_tokenizer(corpus, tmp_path, drop=False), run / "tokenizer.json")
+    resumed = run_unitrain(
+        ["backend=torch", *JOB, f"data.path={corpus}", f"trainer.resume={run}/checkpoints/step10"], tmp_path / "job"
+    )
+    lines = resumed.stderr.strip().splitlines()
+    assert resumed.returncode == 2 and len(lines) == 1, resumed.stderr[-2000:]
+    assert lines[0].startswith(f"unitrain: error: tokenizer={str(run / 'tokenizer.json')!r} is not allowed: ")
+    assert "made from another corpus" in lines[0] and "data.path=" not in lines[0]
+    assert not resumed.run_dir.exists()
+
+
+def test_translated_code_imports_paddle_without_its_ccache_warning(tmp_path):
+    """Before: five model.paddle=convert text cases printed Paddle's two-line "No ccache found"
+    UserWarning before their one-line refusal: the translated code imports paddle itself, after
+    unitrain's bridge (its first line), outside the filter the backend's modules load under."""
+    import subprocess
+    import sys
+
+    code = "from unitrain.backends.paddle import translate as unitrain_paddle\nimport paddle\n"
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "ccache" not in done.stderr, done.stderr[-2000:]

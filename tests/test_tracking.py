@@ -288,3 +288,135 @@ def test_artifacts_go_beside_a_named_sqlite_store_not_to_the_working_folder(tmp_
     assert artifact_location(tmp_path / "runs") is None  # the server keeps them
     monkeypatch.delenv("MLFLOW_TRACKING_URI")
     assert artifact_location(tmp_path / "runs") == (tmp_path / "runs" / "mlartifacts").as_uri()
+
+
+def test_a_servers_credentials_move_from_the_uri_to_mlflows_own_variables(monkeypatch):
+    """MLflow's client prints its tracking URI as each run ends ("View run ... at: <uri>/#/..."):
+    a server's user and password go to MLFLOW_TRACKING_USERNAME/PASSWORD instead (this process's,
+    so every process it starts), the URI left without them; a database's URI keeps its own."""
+    from unitrain.tracking.store import environment_uri, tracking_uri
+
+    for name in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "https://me%40corp:s3cret%3Apw@mlflow.example.org:5000/x")
+    assert environment_uri() == tracking_uri(".") == "https://mlflow.example.org:5000/x"
+    assert os.environ["MLFLOW_TRACKING_URI"] == "https://mlflow.example.org:5000/x"
+    assert (os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"]) == ("me@corp", "s3cret:pw")
+    assert environment_uri() == "https://mlflow.example.org:5000/x"  # again: nothing more to move
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "postgresql://u:other@db/mlflow")
+    assert (
+        environment_uri() == "postgresql://u:other@db/mlflow" and os.environ["MLFLOW_TRACKING_PASSWORD"] == "s3cret:pw"
+    )
+
+
+class _AuthProxy:
+    """A server in front of ``mlflow server`` that passes on only the requests carrying
+    ``user:password`` as HTTP basic authentication (401 otherwise), and counts both."""
+
+    def __init__(self, upstream: str, user: str, password: str):
+        import base64
+        import threading
+        import urllib.error
+        import urllib.request
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+        proxy = self
+        self.passed, self.refused = 0, []
+
+        class Handler(BaseHTTPRequestHandler):
+            def _forward(self):
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.headers.get("Authorization") != expected:
+                    proxy.refused.append(f"{self.command} {self.path}")
+                    self.send_response(401)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                proxy.passed += 1
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "accept")}
+                request = urllib.request.Request(upstream + self.path, data=body or None, method=self.command)
+                for key, value in headers.items():
+                    request.add_header(key, value)
+                try:
+                    with urllib.request.urlopen(request, timeout=60) as answer:
+                        status, kind, content = answer.status, answer.headers.get("Content-Type"), answer.read()
+                except urllib.error.HTTPError as err:
+                    status, kind, content = err.code, err.headers.get("Content-Type"), err.read()
+                self.send_response(status)
+                if kind:
+                    self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+            do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = _forward
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.mark.slow  # mlflow server starts (about 10 s), then a data-parallel job of a sweep
+def test_a_password_in_the_tracking_uri_reaches_the_server_and_no_stream_or_file(tmp_path):
+    """Before: with MLFLOW_TRACKING_URI=http://user:password@host:port, MLflow's own "View run
+    ... at: http://user:password@..." lines went to stdout, two per run and six in a sweep. Now
+    every request of the sweep's process, its job's and its workers' carries the credentials, and
+    the password is on no stream and in no file of the run tree."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from unitrain.host.ports import free_port
+
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}"]
+        + ["--workers", "1", "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        cwd=tmp_path,
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
+    )
+    proxy = None
+    try:
+        upstream = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                urllib.request.urlopen(f"{upstream}/health", timeout=2).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "mlflow server did not start"
+                time.sleep(0.5)
+        proxy = _AuthProxy(upstream, "unitrain", "s3cret-pw")
+        uri = f"http://unitrain:s3cret-pw@127.0.0.1:{proxy.port}"
+        root = tmp_path / "job"
+        args = ["-m", "trainer.seed=1", "backend=torch", *JOB, "dist.nproc_per_node=2", "trainer.threads=1"]
+        done = run_unitrain([*args, f"dist.master_port={free_port()}"], root, env={"MLFLOW_TRACKING_URI": uri})
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "s3cret" not in done.stdout + done.stderr
+        assert [p for p in root.rglob("*") if p.is_file() and b"s3cret" in p.read_bytes()] == []
+        assert proxy.refused == [] and proxy.passed > 10
+        record = json.loads((root / "multirun" / "mlflow.json").read_text())
+        assert record["uri"] == f"http://127.0.0.1:{proxy.port}"
+        client = _client(upstream)
+        runs = client.search_runs([record["experiment_id"]])
+        assert len(runs) == 2 and {r.info.status for r in runs} == {"FINISHED"}
+        child = next(r for r in runs if r.info.run_id != record["run_id"])
+        assert [m.step for m in client.get_metric_history(child.info.run_id, "loss")] == [1, 2, 3]  # rank 0 sent them
+    finally:
+        if proxy is not None:
+            proxy.close()
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)

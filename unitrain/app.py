@@ -20,7 +20,9 @@ from unitrain.jobs.kind import JobKind
 from unitrain.jobs.select import job_kind, validate
 from unitrain.launch import hyperparameter_search, slurm
 from unitrain.launch.hydra import discard_refused, hydra_entry
+from unitrain.report import failed_jobs
 from unitrain.report.training import table, write_report
+from unitrain.tasks import task_of
 from unitrain.tracking import mlflow_runs
 from unitrain.train import objective
 from unitrain.train.trainer import out_of_memory
@@ -57,17 +59,18 @@ def run(cfg: DictConfig) -> Optional[Dict[str, Any]]:
         print("unitrain: error: interrupted (Ctrl-C); nothing it started is left running", file=sys.stderr, flush=True)
         sys.exit(130)
     except UnitrainError as err:
-        print(f"unitrain: error: {err}", file=sys.stderr, flush=True)
+        if not getattr(err, "already_said", False):  # a job's own process printed it on this console
+            print(f"unitrain: error: {err}", file=sys.stderr, flush=True)
         code = getattr(err, "exit_code", 2)
         if isinstance(err, Refusal) and code == 2:
             discard_refused(run_dir)
         if isinstance(err, Stopped):  # a signal stops a search too
             sys.exit(code)
-        return _failed_trial(code)
+        return _failed_job(code, str(err))
     except MemoryError:
         print(f"unitrain: error: {out_of_memory(cfg)}", file=sys.stderr, flush=True)
         discard_refused(run_dir)
-        return _failed_trial(2)
+        return _failed_job(2, str(out_of_memory(cfg)))
     if summary is None:
         print(f"node {cfg.dist.node_rank} finished; {kind.summary_holder(cfg)} holds the summary", flush=True)
     elif HydraConfig.get().mode.name == "RUN" and cfg.trainer.repeats > 1:
@@ -92,10 +95,14 @@ def _raise_stopped(signum, frame) -> None:
     raise Stopped(signum)
 
 
-def _failed_trial(code: int) -> None:
-    """A search goes on past a trial that failed (its objective is the worst value); any other
-    job stops with the error's exit status."""
+def _failed_job(code: int, error: str) -> None:
+    """A search goes on past a trial that failed (its objective is the worst value), and a sweep
+    past a job that failed: the sweep's end reports the jobs that finished, then names the ones
+    that failed and exits with their status. A single job stops with the error's exit status."""
     if hyperparameter_search.searching(HydraConfig.get()):
+        return None
+    if HydraConfig.get().mode.name == "MULTIRUN":
+        failed_jobs.record(Path(HydraConfig.get().sweep.dir), HydraConfig.get(), code, error)
         return None
     sys.exit(code)
 
@@ -105,9 +112,7 @@ def _hydra_main(cfg: DictConfig) -> Optional[float]:
     summary = run(cfg)
     if not hyperparameter_search.searching(HydraConfig.get()):
         return None
-    result = objective.value(
-        cfg.objective, summary, Path(HydraConfig.get().runtime.output_dir), cfg.data.name == "text"
-    )
+    result = objective.value(cfg.objective, summary, Path(HydraConfig.get().runtime.output_dir), task_of(cfg).measure)
     print(f"unitrain: objective {cfg.objective.metric} = {result:.6g}", flush=True)
     return result
 

@@ -35,8 +35,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     problem = None
     if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
         problem = f"--target-accuracy={args.target_accuracy} is not allowed: a fraction in (0, 1]"
-    elif args.target_loss is not None and not math.isfinite(args.target_loss):
-        problem = f"--target-loss={args.target_loss} is not allowed: a finite number"
+    elif args.target_loss is not None and not (math.isfinite(args.target_loss) and args.target_loss > 0):
+        # A cross-entropy is never below 0, and 0 is reached only by a perfect model: never.
+        problem = f"--target-loss={args.target_loss} is not allowed: a finite number > 0 (a loss to reach)"
     if problem:
         print(f"unitrain.compare: error: {problem}", file=sys.stderr)
         return 2

@@ -7,7 +7,9 @@ framework code, no unitrain needed: ``model.load_state_dict(torch.load(path))`` 
 
 ``python -m unitrain.convert --model my_pkg.nets:build``: the PyTorch factory's code translated
 (what ``model.paddle=convert`` trains, docs/models.md), written into a folder to read, and both
-halves run from the same weights on one batch, layer by layer, without training. Exit status 1
+halves run from the same weights on one batch (images; a language model's token ids with
+``--vocab-size N --block-size T``, its factory called as data=text calls it), layer by layer,
+without training. Exit status 1
 when a call did not translate or a layer computes otherwise: the folder and the report say which.
 """
 
@@ -34,7 +36,6 @@ from unitrain.interface.translate import translate_module
 from unitrain.interface.weights import weights_module
 from unitrain.launch.arguments import OneLineParser
 from unitrain.model.conversion import converted
-from unitrain.model.custom import resolve_factory
 from unitrain.model.translate import (
     CONVERT,
     REPORT,
@@ -47,6 +48,7 @@ from unitrain.model.translate import (
     refuse_what_did_not_convert,
     translate,
 )
+from unitrain.model.user_code import resolve_factory
 from unitrain.train.checkpoint import checkpoint_run_dir, find_checkpoint, read_image_meta, read_model_arrays
 from unitrain.train.parity import CONVERTED_TOLERANCE, check_converted
 
@@ -78,8 +80,17 @@ def _parser() -> OneLineParser:
         help="output file (default: <checkpoint>/model.<framework>.pt|pdparams); with --model, a folder that does "
         "not exist yet (default: ./converted/<package>-<hash of its code>)",
     )
-    parser.add_argument("--image-size", type=int, default=32, help="--model: the check's image size (default 32)")
-    parser.add_argument("--num-classes", type=int, default=10, help="--model: the check's class count (default 10)")
+    parser.add_argument("--image-size", type=int, help="--model: the check's image size (default 32)")
+    parser.add_argument("--num-classes", type=int, help="--model: the check's class count (default 10)")
+    parser.add_argument(
+        "--vocab-size",
+        type=int,
+        help="--model: a language model's vocabulary: the factory is called factory(vocab_size=..., block_size=..., "
+        "**kwargs), as model=custom's text factories (data=text) are, and checked on token ids",
+    )
+    parser.add_argument(
+        "--block-size", type=int, help="--model: a language model's tokens per sample (with --vocab-size)"
+    )
     parser.add_argument(
         "--kwarg", action="append", default=[], metavar="NAME=VALUE", help="--model: a factory argument (repeatable)"
     )
@@ -150,15 +161,16 @@ def _kwargs(pairs: Sequence[str]) -> Dict[str, Any]:
 
 def _model(args: argparse.Namespace) -> int:
     backend = _converting_backend(args.to)
+    text = _text_arguments(args)
     for flag, value in (("--image-size", args.image_size), ("--num-classes", args.num_classes)):
-        if not 2 <= value <= 4096:
+        if value is not None and not 2 <= value <= 4096:
             raise UnitrainError(f"{flag}={value} is not allowed; allowed: 2 to 4096")
     kwargs = _kwargs(args.kwarg)
     _check_out(args.out)
     source_name = translate_module(backend).SOURCE
     translation = translate(find_source("--model", args.model), backend, refuse=False)
     if not args.no_check:
-        _check_arguments(args.model, kwargs)
+        _check_arguments(args.model, kwargs, text)
     out = _out_folder(args.out, translation, args.model)
     # The outermost folder this writes that was not there (the default's converted/ too).
     created = next((p for p in [*reversed(out.parents), out] if not p.exists()), None)
@@ -169,9 +181,12 @@ def _model(args: argparse.Namespace) -> int:
         if args.no_check:
             return 0
         cfg = {"model": {"name": "custom", source_name: args.model, backend: CONVERT, "kwargs": kwargs}}
-        cfg |= {"data": {"image_size": args.image_size, "num_classes": args.num_classes}}
+        if text:  # token ids [2, block_size] in [0, vocab_size), as a data=text job's check has
+            cfg |= {"data": {"name": "text", "block_size": args.block_size}}
+        else:
+            cfg |= {"data": {"image_size": args.image_size, "num_classes": args.num_classes}}
         cfg |= {"trainer": {"seed": TrainerConfig.seed, "threads": TrainerConfig.threads}}
-        found = check_converted(OmegaConf.create(cfg), backend)
+        found = check_converted(OmegaConf.create(cfg), backend, args.vocab_size if text else None)
     except ConversionRefused as err:
         print(f"unitrain.convert: {err}", file=sys.stderr)
         return 1
@@ -180,21 +195,57 @@ def _model(args: argparse.Namespace) -> int:
             shutil.rmtree(created, ignore_errors=True)  # bad input leaves nothing behind
         raise
     (out / CHECK).write_text(json.dumps({"factory": args.model, **found}, indent=2) + "\n")
-    print(_check_line(found, source_name, args.image_size))
+    print(_check_line(found, source_name, _batch(args, text)))
     return 0
 
 
-def _check_arguments(path: str, kwargs: Dict[str, Any]) -> None:
+def _text_arguments(args: argparse.Namespace) -> bool:
+    """Whether --model is a language model's factory (--vocab-size and --block-size, both, and no
+    image argument); the image arguments' defaults filled in where it is not."""
+    if args.vocab_size is None and args.block_size is None:
+        args.image_size = 32 if args.image_size is None else args.image_size
+        args.num_classes = 10 if args.num_classes is None else args.num_classes
+        return False
+    if args.vocab_size is None or args.block_size is None:
+        missing = "--block-size" if args.block_size is None else "--vocab-size"
+        raise UnitrainError(
+            f"{missing} is missing; allowed: --vocab-size N --block-size T together (a language model's factory, "
+            "called factory(vocab_size=N, block_size=T, **kwargs)), or neither (an image model's)"
+        )
+    for flag, value in (("--image-size", args.image_size), ("--num-classes", args.num_classes)):
+        if value is not None:
+            raise UnitrainError(
+                f"{flag}={value} is not allowed with --vocab-size and --block-size: a language model is checked on "
+                "token ids; allowed: the image arguments or the text ones, not both"
+            )
+    for flag, value, low in (("--vocab-size", args.vocab_size, 2), ("--block-size", args.block_size, 1)):
+        if not low <= value <= 1_000_000:
+            raise UnitrainError(f"{flag}={value} is not allowed; allowed: {low} to 1000000")
+    return True
+
+
+def _batch(args: argparse.Namespace, text: bool) -> str:
+    if text:
+        return f"2 rows of {args.block_size} token ids in [0, {args.vocab_size})"
+    return f"{args.image_size}x{args.image_size} images"
+
+
+def _check_arguments(path: str, kwargs: Dict[str, Any], text: bool = False) -> None:
     """The factory takes the check's arguments and the --kwarg ones (it is imported to see)."""
     factory = resolve_factory("--model", path)
+    check = {"vocab_size": 2, "block_size": 2} if text else {"num_classes": 2, "image_size": 2}
     try:
-        inspect.signature(factory).bind(num_classes=2, image_size=2, **kwargs)
+        inspect.signature(factory).bind(**check, **kwargs)
     except TypeError as err:
         given = " ".join(f"--kwarg {k}=..." for k in kwargs) or "no --kwarg"
-        raise UnitrainError(
-            f"--model={path!r} is not allowed with {given}: {err}; allowed: a factory taking num_classes=, "
-            "image_size= and the --kwarg arguments"
-        ) from None
+        if text:
+            allowed = "a language model's factory taking vocab_size=, block_size= and the --kwarg arguments"
+        else:
+            allowed = (
+                "a factory taking num_classes=, image_size= and the --kwarg arguments (a language model's: "
+                "--vocab-size N --block-size T, for factory(vocab_size=, block_size=))"
+            )
+        raise UnitrainError(f"--model={path!r} is not allowed with {given}: {err}; allowed: {allowed}") from None
     except ValueError:  # no signature to read: the check's call says
         pass
 
@@ -228,6 +279,7 @@ def _check_out(out: str | None) -> None:
         raise UnitrainError(
             f"--out={out!r} is not allowed: it exists and is not an empty folder; allowed: a new folder"
         )
+    # The parent's check is make_criteo.py's too, worded for a folder that may exist empty here.
     if not path.parent.is_dir():
         raise UnitrainError(f"--out={out!r} is not allowed: {path.parent} does not exist; allowed: a new folder")
     why = cannot_create_in(path.parent)
@@ -251,10 +303,10 @@ def _conversion_lines(translation: Translation, backend: str, out: Path) -> str:
     return "\n".join(lines)
 
 
-def _check_line(found: Dict[str, Any], source_name: str, image_size: int) -> str:
+def _check_line(found: Dict[str, Any], source_name: str, batch: str) -> str:
     largest = found["largest"]
     return (
-        f"forward check (the same weights, one batch of {image_size}x{image_size} images, evaluation mode): "
+        f"forward check (the same weights, one batch of {batch}, evaluation mode): "
         f"{found['layers_compared']} layer outputs within {largest['rel_diff']:.2e} of the {source_name} half's "
         f"(largest at {largest['layer']}; at most {CONVERTED_TOLERANCE:g} passes), losses within "
         f"{found['loss_rel_diff']:.2e}"

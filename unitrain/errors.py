@@ -1,7 +1,9 @@
 """Errors a user can act on: each renders as one line naming the problem and what is allowed."""
 
+import json
 import os
 import re
+from pathlib import Path
 
 
 class UnitrainError(Exception):
@@ -63,5 +65,23 @@ def framework_cause(err: BaseException) -> str:
     named = [line for line in reversed(lines) if re.match(r"^\w+(Error|Exception)\b", line)]
     cause = named[0] if named else f"{type(err).__name__}: {lines[0]}"
     places = re.findall(r'File "([^"]+)", line (\d+)', str(err))
-    own = [(f, n) for f, n in places if "site-packages" not in f and "/unitrain/" not in f]
-    return cause + (f" (at {os.path.basename(own[-1][0])}:{own[-1][1]})" if own else "")
+    own = [(f, n) for f, n in places if CONVERTED in f or ("site-packages" not in f and "/unitrain/" not in f)]
+    return cause + (f" (at {_place(*own[-1])})" if own else "")
+
+
+#: In the path of a translated copy of a user's code (model.<backend>=convert), which lives in
+#: unitrain's cache: its lines are the copy's, mapped back to the user's by <copy>.lines.json.
+CONVERTED = "unitrain_converted_"
+
+
+def _place(path: str, line: str) -> str:
+    """file.py:N of a place in a framework's report: a translated copy's line as the user's file
+    and line where the translation mapped it (backends/paddle/translation/lines.py), else the
+    copy's own path."""
+    if CONVERTED not in path:
+        return f"{os.path.basename(path)}:{line}"
+    try:
+        found = json.loads(Path(path + ".lines.json").read_text(encoding="utf-8"))
+        return f"{os.path.basename(found['source'])}:{int(found['lines'][str(line)])}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{path}:{line} of the converted copy"

@@ -67,4 +67,4 @@ def _stream(text: str) -> None:
 if __name__ == "__main__":
     from unitrain.host.processes import run_command
 
-    run_command(main)
+    run_command(main, stop_when_unread=True)

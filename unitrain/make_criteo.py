@@ -9,10 +9,11 @@ held-out rows: the ceiling any model trained on them can reach. Train on them wi
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from rich.progress import Progress
 
@@ -30,7 +31,7 @@ def _positive(text: str) -> int:
     return value
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _parser() -> OneLineParser:
     parser = OneLineParser(prog="python -m unitrain.make_criteo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=_positive, required=True, help="training rows")
     parser.add_argument("--out", required=True, help="a folder that does not exist yet")
@@ -43,40 +44,47 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="small",
         help="the categorical slots' sizes: small (4 to 2,000 values each) or criteo (Criteo's own: up to 10 million)",
     )
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    try:
-        if out.exists():
-            raise UnitrainError(
-                f"--out={args.out!r} is not allowed: it exists; allowed: a new folder (nothing is overwritten)"
-            )
-        if not out.parent.is_dir():
-            raise UnitrainError(f"--out={args.out!r} is not allowed: {out.parent} is not a folder")
-        why = cannot_create_in(out.parent)
-        if why:
-            raise UnitrainError(
-                f"--out={args.out!r} is not allowed: {out.parent}: {why}; allowed: a folder you can write"
-            )
-        if args.held_out < 0 or args.parts > args.rows:
-            raise UnitrainError(
-                f"--parts={args.parts} is not allowed: 1 to --rows={args.rows}"
-                if args.parts > args.rows
-                else f"--held-out={args.held_out} is not allowed: 0 or more"
-            )
-        with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
-            task = bar.add_task("rows", total=args.rows)
-            written = write_synthetic(
-                out,
-                args.rows,
-                args.held_out,
-                args.parts,
-                args.seed,
-                lambda done: bar.update(task, completed=done),
-                args.cardinality,
-            )
-    except UnitrainError as err:
-        print(f"unitrain.make_criteo: error: {err}", file=sys.stderr)
-        return 2
+    return parser
+
+
+def _check(args: argparse.Namespace, out: Path) -> None:
+    """What cannot be written, refused before any row is drawn: --out a new folder in a folder
+    this process can write, --held-out and --parts in range."""
+    if out.exists():
+        raise UnitrainError(
+            f"--out={args.out!r} is not allowed: it exists; allowed: a new folder (nothing is overwritten)"
+        )
+    # The parent's check is convert.py's _check_out's too, worded for a folder that must not exist yet.
+    if not out.parent.is_dir():
+        raise UnitrainError(f"--out={args.out!r} is not allowed: {out.parent} is not a folder")
+    why = cannot_create_in(out.parent)
+    if why:
+        raise UnitrainError(f"--out={args.out!r} is not allowed: {out.parent}: {why}; allowed: a folder you can write")
+    if args.held_out < 0 or args.parts > args.rows:
+        raise UnitrainError(
+            f"--parts={args.parts} is not allowed: 1 to --rows={args.rows}"
+            if args.parts > args.rows
+            else f"--held-out={args.held_out} is not allowed: 0 or more"
+        )
+
+
+def _write(args: argparse.Namespace, out: Path) -> Any:
+    """The rows written under ``out``, a progress bar on a terminal."""
+    with Progress(transient=True, disable=not sys.stderr.isatty()) as bar:
+        task = bar.add_task("rows", total=args.rows)
+        return write_synthetic(
+            out,
+            args.rows,
+            args.held_out,
+            args.parts,
+            args.seed,
+            lambda done: bar.update(task, completed=done),
+            args.cardinality,
+        )
+
+
+def _report(args: argparse.Namespace, out: Path, written: Any) -> None:
+    """teacher.json, and what was written and how to train on it."""
     report = {
         "rows": written.rows,
         "parts": len(written.train),
@@ -93,6 +101,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{written.teacher_logloss:.4f} (the ceiling)"
     )
     print(f"train on them: data=criteo data.path={out / 'train'} data.val_path={written.held_out}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    out = Path(args.out)
+    try:
+        _check(args, out)
+        written = _write(args, out)
+    except UnitrainError as err:
+        print(f"unitrain.make_criteo: error: {err}", file=sys.stderr)
+        return 2
+    _report(args, out, written)
     return 0
 
 

@@ -3,12 +3,13 @@ decoupled weight decay; global-norm clipping optional (docs/optimizers.md)."""
 
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set
 
 import paddle
 
 from unitrain.config.schema import OptimConfig
 from unitrain.interface.optim import decays, rule_of
+from unitrain.spec.optimizers import COLLECTIVE, implemented
 
 __all__ = ["build_optimizer", "nonfinite_state", "set_lr"]
 
@@ -56,18 +57,23 @@ def _sgd(model, params, clip, cfg: OptimConfig) -> paddle.optimizer.Optimizer:
     return paddle.optimizer.SGD(learning_rate=cfg.lr, parameters=params, weight_decay=_l2(model, cfg), grad_clip=clip)
 
 
+def _adam_args(params, clip, cfg: OptimConfig) -> Dict[str, Any]:
+    """What Adam and AdamW are both given: the rate, the moments' rates and epsilon, the
+    parameters and the clipping."""
+    return {
+        "learning_rate": cfg.lr,
+        "beta1": cfg.beta1,
+        "beta2": cfg.beta2,
+        "epsilon": cfg.eps,
+        "parameters": params,
+        "grad_clip": clip,
+    }
+
+
 def _adam(model, params, clip, cfg: OptimConfig) -> paddle.optimizer.Optimizer:
     # Paddle's CPU kernel takes lr_t = lr * sqrt(1 - beta2^t) / (1 - beta1^t) and eps * sqrt(1 - beta2^t):
     # lr_t * m / (sqrt(v) + eps * sqrt(1 - beta2^t)) = lr * m_hat / (sqrt(v_hat) + eps), torch's update.
-    return paddle.optimizer.Adam(
-        learning_rate=cfg.lr,
-        beta1=cfg.beta1,
-        beta2=cfg.beta2,
-        epsilon=cfg.eps,
-        parameters=params,
-        weight_decay=_l2(model, cfg),
-        grad_clip=clip,
-    )
+    return paddle.optimizer.Adam(**_adam_args(params, clip, cfg), weight_decay=_l2(model, cfg))
 
 
 def _adamw(model, params, clip, cfg: OptimConfig) -> paddle.optimizer.Optimizer:
@@ -77,23 +83,15 @@ def _adamw(model, params, clip, cfg: OptimConfig) -> paddle.optimizer.Optimizer:
     # own (regularization is None), so no parameter gets a regularizer here.
     kept = {p.name for p in _undecayed(model, cfg)}
     return paddle.optimizer.AdamW(
-        learning_rate=cfg.lr,
-        beta1=cfg.beta1,
-        beta2=cfg.beta2,
-        epsilon=cfg.eps,
-        parameters=params,
+        **_adam_args(params, clip, cfg),
         weight_decay=cfg.weight_decay,
         apply_decay_param_fun=(lambda name: name not in kept) if kept else None,
-        grad_clip=clip,
     )
 
 
-_RULES: Dict[str, Callable[..., paddle.optimizer.Optimizer]] = {
-    "momentum": _momentum,
-    "sgd": _sgd,
-    "adam": _adam,
-    "adamw": _adamw,
-}
+_RULES: Mapping[str, Callable[..., paddle.optimizer.Optimizer]] = implemented(
+    COLLECTIVE, {"momentum": _momentum, "sgd": _sgd, "adam": _adam, "adamw": _adamw}
+)
 
 
 def build_optimizer(model: paddle.nn.Layer, cfg: OptimConfig) -> paddle.optimizer.Optimizer:

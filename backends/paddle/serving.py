@@ -16,6 +16,7 @@ import paddle
 from unitrain.backends.paddle.export import onnx_from_program
 from unitrain.data.criteo import DENSE_FEATURES, SPARSE_SLOTS
 from unitrain.errors import UnitrainError
+from unitrain.spec.optimizers import state_values
 from unitrain.spec.serving import Serving
 
 __all__ = ["READERS", "WRITERS", "load_native", "read_checkpoint", "save"]
@@ -24,10 +25,6 @@ WRITERS = {"native": "paddle.jit.save", "onnx": "paddle2onnx"}
 READERS = {"native": "paddle.inference predictor", "onnx": "onnxruntime"}
 #: Written beside Fleet's tables by the trainer that saved them (backends/paddle/ps.py).
 TABLES, DENSE = "tables.json", "dense.npz"
-#: Values of a row's rule state in Fleet's saved tables, for one embedding value and for n:
-#: StdAdaGradSGDRule keeps a g2sum per value, SparseAdamSGDRule two moments per value and two
-#: powers of beta.
-_STATE = {"sgd": lambda n: 0, "adagrad": lambda n: n, "adam": lambda n: 2 * n + 2}
 
 
 def _tower(params: Dict[str, np.ndarray]) -> List[Tuple[np.ndarray, np.ndarray]]:
@@ -40,7 +37,7 @@ def _fleet_table(folder: Path, dim: int, rule: str) -> Tuple[np.ndarray, np.ndar
     """A table Fleet's servers saved as text (CtrCommonAccessor's layout: id, unseen days, delta
     score, show, click, slot, then the embed value and its state, then the embedx values)."""
     ids, rows = [], []
-    embedx = 6 + _STATE[rule](1)
+    embedx = 6 + state_values(rule, 1)
     for part in sorted(folder.glob("part-*")):
         with gzip.open(part, "rt") if part.suffix == ".gz" else open(part) as f:
             for line in f:

@@ -42,6 +42,7 @@ from typing import List, Optional
 from unitrain.backends.paddle import QUIET_ON_IMPORT
 from unitrain.backends.paddle.attention import scaled_dot_product_attention  # noqa: F401
 from unitrain.backends.paddle.resample import interpolate, upsample  # noqa: F401
+from unitrain.backends.paddle.translation import lines
 from unitrain.backends.paddle.translation.functional import (  # noqa: F401
     celu,
     dropout,
@@ -83,6 +84,12 @@ from unitrain.interface.translate import FileTranslation, Unconverted
 
 __all__ = ["SOURCE", "converter_version", "missing_names", "translate_file"]
 
+# Translated code imports paddle itself, on the line after it imports this module, outside the
+# filter the backend's modules load under (unitrain.interface.modules.load): those warnings are
+# silenced for it here, and only those (their messages, from paddle's own modules).
+for _message in QUIET_ON_IMPORT:
+    warnings.filterwarnings("ignore", message=_message, category=UserWarning, module=r"paddle\.")
+
 SOURCE: Optional[str] = "torch"
 _NOT_SUPPORTED = re.compile(r"^\[(?P<file>[^\]]+?):(?P<line>\d+)\] \[Not Support\] convert (?P<api>\S+) to Paddle")
 
@@ -115,6 +122,14 @@ def translate_file(source: Path, out: Path) -> FileTranslation:
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         log_file = Path(tmp) / "paconvert.log"
+        # The source with its line markers (translation/lines.py), under its own name.
+        text = source.read_text(encoding="utf-8")
+        marked = lines.marked(text)
+        given = source
+        if marked is not None:
+            given = Path(tmp) / "marked" / source.name
+            given.parent.mkdir()
+            given.write_text(marked, encoding="utf-8")
         # Its log is read from the file, never shown: not even the banner it logs on creation.
         previous = logging.root.manager.disable
         logging.disable(logging.CRITICAL)
@@ -124,7 +139,7 @@ def translate_file(source: Path, out: Path) -> FileTranslation:
             logging.disable(previous)
         converter.logger.propagate = False
         try:
-            converted, _ = converter.run(str(source), str(out))
+            converted, _ = converter.run(str(given), str(out))
         finally:
             for handler in converter.logger.handlers[:]:
                 handler.close()
@@ -137,7 +152,9 @@ def translate_file(source: Path, out: Path) -> FileTranslation:
     if not unconverted:  # what the converter left marked is no longer Python
         code, shapes = _traceable_shapes(code)
         substituted.update(shapes)
+    code, line_map = lines.unmarked(code, str(source))
     out.write_text(code, encoding="utf-8")
+    lines.write_map(out, line_map)
     return FileTranslation(converted=converted, unconverted=unconverted, substituted=substituted)
 
 

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import re
+import shutil
 from importlib.metadata import PackageNotFoundError, version
 from typing import Optional, Tuple
 
 from unitrain.config.schema import DistConfig, UnitrainConfig
 from unitrain.errors import ConfigError
 from unitrain.host.memory import available_mb
+from unitrain.spec.optimizers import BY_NAME
 
 __all__ = ["check_all_reduce", "check_collective", "check_ps"]
 
 
-#: Moments each row keeps beside its value and gradient, by optimizer.
-MOMENTS = {"sgd": 0, "adagrad": 1, "adam": 2}
 #: The first paddlepaddle unitrain's collective training runs on.
 COLLECTIVE_SINCE = (3, 3)
 
@@ -42,6 +42,19 @@ def check_collective(cfg: UnitrainConfig) -> None:
         )
     _check_apex(cfg)
     check_all_reduce(cfg.dist)
+    _check_etcd(cfg.dist)
+
+
+def _check_etcd(dist: DistConfig) -> None:
+    """Restarts need an etcd server beside the launcher, started on node 0 (the others reach
+    it): refused here, before the run directory is made, where this node would start it."""
+    if dist.max_restarts and dist.node_rank == 0 and shutil.which("etcd") is None:
+        raise ConfigError(
+            "dist.max_restarts",
+            dist.max_restarts,
+            "0 with backend=paddle on this machine: paddle.distributed.launch restarts workers only with an etcd "
+            "server, and there is none (`make etcd` installs Debian's etcd-server)",
+        )
 
 
 #: Fleet's client queues at most pserver_max_async_call_num + 1 pushes of a trainer.
@@ -87,7 +100,7 @@ def _check_whole_table(cfg: UnitrainConfig) -> None:
     optimizer moment), not only the rows its ids touch as the servers do."""
     free = available_mb()
     buckets, dim = cfg.model.sparse_buckets, cfg.model.embedding_dim
-    per_row = 4 * (1 + dim) * (2 + MOMENTS.get(str(cfg.optim.name), 2))
+    per_row = 4 * (1 + dim) * (2 + len(BY_NAME[str(cfg.optim.name)].row_state))
     if free is not None and buckets * per_row / 2**20 > free:
         raise ConfigError(
             "model.sparse_buckets",

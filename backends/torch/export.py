@@ -27,7 +27,7 @@ CHECKED_WITH = {"native": "torch.export.load", "onnx": "onnxruntime"}
 def dynamic_axes(example: np.ndarray, batch: Optional[int]) -> Dict[int, Any]:
     """The example's dynamic axes: the batch unless ``batch`` fixes it, and a language model's
     time axis when the example says how long it may grow (``max_length``: token ids whose
-    example holds the full context; unitrain.deploy.artifacts.TokenIds)."""
+    example holds the full context; unitrain.tasks.language_export.TokenIds)."""
     axes: Dict[int, Any] = {} if batch is not None else {0: torch.export.Dim("batch", min=1, max=65536)}
     max_length = getattr(example, "max_length", None)
     if max_length:

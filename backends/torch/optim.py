@@ -3,12 +3,13 @@ decay, AdamW with decoupled weight decay; global-norm clipping optional (docs/op
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Set
+from typing import Any, Callable, Dict, List, Mapping, Optional, Set
 
 import torch
 
 from unitrain.config.schema import OptimConfig
 from unitrain.interface.optim import decays, rule_of
+from unitrain.spec.optimizers import COLLECTIVE, implemented
 
 __all__ = ["build_optimizer", "nonfinite_state", "set_lr"]
 
@@ -58,12 +59,9 @@ def _adamw(groups, cfg: OptimConfig) -> torch.optim.Optimizer:
     )
 
 
-_RULES: Dict[str, Callable[[List[Dict[str, Any]], OptimConfig], torch.optim.Optimizer]] = {
-    "momentum": _momentum,
-    "sgd": _sgd,
-    "adam": _adam,
-    "adamw": _adamw,
-}
+_RULES: Mapping[str, Callable[[List[Dict[str, Any]], OptimConfig], torch.optim.Optimizer]] = implemented(
+    COLLECTIVE, {"momentum": _momentum, "sgd": _sgd, "adam": _adam, "adamw": _adamw}
+)
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimConfig) -> torch.optim.Optimizer:

@@ -1,176 +1,51 @@
 """The typed config schema: one dataclass per Hydra config group, registered in the ConfigStore.
 
 The YAML files in conf/ choose between these schemas and set values; Hydra checks every
-override against them, so a wrong key, a wrong type or a choice outside its Enum fails at start,
-before any framework loads and before anything is written. The checks that types cannot express
-live in :mod:`unitrain.config.validation`.
+override against them, so a wrong key, a wrong type or a choice outside its Enum
+(:mod:`unitrain.config.choices`) fails at start, before any framework loads and before anything
+is written. The checks that types cannot express live in :mod:`unitrain.config.validation`.
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, List, Optional, Tuple
+from typing import Any, List, Optional
 
 from omegaconf import MISSING
 
+from unitrain import tasks
+from unitrain.config.choices import (
+    AmpDtype,
+    AmpImpl,
+    AmpLevel,
+    Cardinality,
+    CommBackend,
+    Device,
+    DistMode,
+    GradCompression,
+    Logger,
+    LrScaling,
+    Malloc,
+    ModelInit,
+    NonFinite,
+    ObjectiveMetric,
+    OptimName,
+    Order,
+    ProfilerMode,
+    PsFeed,
+    PsSync,
+    QuantMethod,
+    Remainder,
+    Schedule,
+    Tokenizer,
+)
 
-class Choice(str, Enum):
-    """A value from a fixed set. Hydra matches an override against the member names (equal to
-    their values here); the member is a ``str``, so it compares, hashes, prints, formats and
-    serialises as its value, in configs, summaries and messages alike."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
-
-    def __repr__(self) -> str:
-        return repr(str(self.value))
-
-    @classmethod
-    def values(cls) -> Tuple[str, ...]:
-        return tuple(m.value for m in cls)
-
-
-def _choice(name: str, *values: str) -> type:
-    """A Choice whose values include Python keywords (``async``, ``global``)."""
-    return Choice(name, [(v, v) for v in values], module=__name__, qualname=name)  # type: ignore[return-value]
-
-
-class Device(Choice):
-    auto = "auto"  # the accelerator when the framework sees one, else cpu
-    cpu = "cpu"
-    gpu = "gpu"
-
-
-class AmpLevel(Choice):
-    O0 = "O0"
-    O1 = "O1"
-    O2 = "O2"
-    O3 = "O3"
-
-
-class AmpDtype(Choice):
-    float16 = "float16"
-    bfloat16 = "bfloat16"
-
-
-class AmpImpl(Choice):
-    native = "native"
-    apex = "apex"
-
-
-class ModelInit(Choice):
-    framework = "framework"
-    shared = "shared"
-
-
-Remainder = _choice("Remainder", "pad", "drop")
-Order = _choice("Order", "global", "shard")
-
-
-class OptimName(Choice):
-    momentum = "momentum"
-    sgd = "sgd"
-    # Parameter-server jobs only: the sparse tables' rules are Paddle's servers' (unitrain/ps/table.py).
-    adagrad = "adagrad"
-    # Collective jobs too: Adam with L2 weight decay (added to the gradient), and AdamW with
-    # decoupled weight decay (Loshchilov & Hutter), one update rule on both frameworks.
-    adam = "adam"
-    adamw = "adamw"
-
-
-class Tokenizer(Choice):
-    # The corpus's characters, one token each (nanoGPT's shakespeare_char).
-    char = "char"
-    # Byte-level BPE trained on the training split (the `tokenizers` library).
-    bpe = "bpe"
-
-
-class Schedule(Choice):
-    constant = "constant"
-    step = "step"
-    cosine = "cosine"
-
-
-class LrScaling(Choice):
-    linear = "linear"
-    keep_global = "keep_global"
-
-
-class NonFinite(Choice):
-    stop = "stop"
-    warn = "warn"
-
-
-class Cardinality(Choice):
-    small = "small"
-    criteo = "criteo"
-
-
-class ObjectiveMetric(Choice):
-    heldout = "heldout"
-    time_to_target = "time_to_target"
-
-
-class Malloc(Choice):
-    fixed = "fixed"
-    dynamic = "dynamic"
-
-
-class Logger(Choice):
-    tensorboard = "tensorboard"
-    visualdl = "visualdl"
-    mlflow = "mlflow"
-
-
-class DistMode(Choice):
-    collective = "collective"
-    ps = "ps"
-
-
-PsSync = _choice("PsSync", "sync", "async", "geo")
-
-
-class PsFeed(Choice):
-    steps = "steps"
-    engine = "engine"
-
-
-class CommBackend(Choice):
-    auto = "auto"
-    gloo = "gloo"
-    nccl = "nccl"
-
-
-class GradCompression(Choice):
-    none = "none"
-    fp16 = "fp16"
-    bf16 = "bf16"
-
-
-class ProfilerMode(Choice):
-    off = "off"
-    timer = "timer"
-    trace = "trace"
-
-
-class QuantMethod(Choice):
-    dynamic = "dynamic"
-    static = "static"
-    qat = "qat"
-
-
-DATASET_NAMES = ("synthetic", "learnable", "imagefolder", "fashion_mnist", "text")
+# The data each kind of job trains on, as its tasks declare them (unitrain/tasks/).
+DATASET_NAMES = tasks.datasets("collective")
 # dist.mode=ps trains a click-through model on Criteo-format rows (unitrain.ps).
 PS_MODELS = ("wide_deep",)
-PS_DATASETS = ("criteo", "criteo_synthetic")
-# Plain SGD: both engines apply it on the servers (Paddle's dense tables take only SGD or Adam,
-# and torch's Adam takes no sparse gradients).
-PS_OPTIMIZERS = ("sgd", "adagrad", "adam")
+PS_DATASETS = tasks.datasets("ps")
 
 
 @dataclass
@@ -234,6 +109,9 @@ class ModelConfig:
     # Language models (gpt_*): the dropout probability of the embeddings, attention and MLP
     # outputs in training (0: none; parity and the conversion check need it off).
     dropout: float = 0.0
+    # model=hf only (docs/hugging-face.md): a local Hugging Face model folder (config.json,
+    # model.safetensors or its shards, tokenizer.json): LLaMA, Mistral, Qwen2, Qwen3, GPT-2.
+    path: Optional[str] = None
 
 
 @dataclass
@@ -452,6 +330,7 @@ class UnitrainConfig:
 # --- the other commands' schemas ---------------------------------------------------------
 @dataclass
 class ParityConfig:
+    # The job's groups again on purpose: a root schema of its own (a shared base would reorder UnitrainConfig's).
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

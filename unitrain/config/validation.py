@@ -17,6 +17,7 @@ from typing import Any, Iterable, Optional, Tuple
 
 from omegaconf import OmegaConf
 
+from unitrain import tasks
 from unitrain.config.schedule import BatchPlan
 from unitrain.config.schema import (
     AmpConfig,
@@ -29,9 +30,11 @@ from unitrain.config.schema import (
     UnitrainConfig,
 )
 from unitrain.data.augment import AUGMENTATIONS
-from unitrain.data.text import check_text_config
 from unitrain.errors import ConfigError
+from unitrain.spec.hf import HF
 from unitrain.spec.models import CUSTOM, MODELS, GPTSpec, ResNetSpec, ViTSpec
+from unitrain.spec.optimizers import ADAPTIVE
+from unitrain.tasks import Measure, Task
 
 #: Restarts of failed workers a job may ask for (dist.max_restarts).
 MAX_RESTARTS = 100
@@ -105,7 +108,7 @@ def _check_amp(amp: AmpConfig) -> None:
         )
 
 
-def _check_data(data: DataConfig) -> None:
+def _check_data(data: DataConfig, task: Task) -> None:
     positive("data.image_size", data.image_size)
     for key in ("path", "val_path"):
         not_empty(f"data.{key}", getattr(data, key))
@@ -114,58 +117,23 @@ def _check_data(data: DataConfig) -> None:
         positive("data.num_samples", data.num_samples)
     at_least("data.num_workers", data.num_workers, 0)
     one_of("data.augment", data.augment, AUGMENTATIONS)
-    if data.name == "imagefolder":
-        if not data.path:
-            raise ConfigError("data.path", data.path, "a directory of class sub-directories (data=imagefolder)")
-    at_least("data.val_samples", data.val_samples, 0, "0: no held-out set")
-    if data.cardinality != "small" and data.name != "criteo_synthetic":
-        raise ConfigError(
-            "data.cardinality",
-            data.cardinality,
-            f"small with data={data.name} (only criteo_synthetic draws its values)",
-        )
+    at_least("data.val_samples", data.val_samples, 0, task.val_samples_zero)
     if not (math.isfinite(data.sample_delay_s) and 0 <= data.sample_delay_s <= MAX_SAMPLE_DELAY_S):
         raise ConfigError(
             "data.sample_delay_s", data.sample_delay_s, f"a number of seconds from 0 to {MAX_SAMPLE_DELAY_S:g}"
         )
 
 
-#: data=text's own keys, with the values that mean "not used" on other data.
-TEXT_KEYS = {"tokenizer": "char", "vocab_size": 1024, "block_size": None, "val_fraction": 0.1}
-
-
-def _check_language(cfg: UnitrainConfig | ParityConfig) -> None:
-    """A language model trains on text and text trains a language model (or a user's model,
-    which the job asks for a text factory); text's own keys are refused on other data."""
+def _check_model(cfg: UnitrainConfig | ParityConfig) -> None:
     spec = MODELS.get(cfg.model.name) if cfg.model.name in MODELS else None
-    text = cfg.data.name == "text"
-    if isinstance(spec, GPTSpec) and not text:
-        raise ConfigError("data", cfg.data.name, f"text with model={cfg.model.name} (a language model), e.g. data=text")
-    if text and spec is not None and not isinstance(spec, GPTSpec):
-        language = ", ".join(n for n in MODELS.names() if isinstance(MODELS.get(n), GPTSpec))
-        raise ConfigError("model", cfg.model.name, f"a language model with data=text: {language} or custom")
     if not 0 <= cfg.model.dropout < 1:  # also false for nan
         raise ConfigError("model.dropout", cfg.model.dropout, "a probability in [0, 1)")
     if cfg.model.dropout and not isinstance(spec, GPTSpec):
         raise ConfigError(
             "model.dropout", cfg.model.dropout, f"0 with model={cfg.model.name} (only gpt_* models read it)"
         )
-    if not text:
-        for key, unused in TEXT_KEYS.items():
-            if getattr(cfg.data, key) != unused:
-                raise ConfigError(
-                    f"data.{key}", getattr(cfg.data, key), f"unset with data={cfg.data.name} (data=text reads it)"
-                )
-        return
-    if cfg.data.augment != "none":
-        raise ConfigError("data.augment", cfg.data.augment, "none with data=text (augmentation is for images)")
-    if isinstance(spec, GPTSpec) and cfg.data.block_size is not None and cfg.data.block_size > spec.block_size:
-        raise ConfigError(
-            "data.block_size", cfg.data.block_size, f"at most {spec.block_size}, {cfg.model.name}'s context length"
-        )
-    if spec is None and cfg.data.block_size is None:
-        raise ConfigError("data.block_size", None, "the tokens per sample (an integer > 0) with a model of your own")
-    check_text_config(cfg.data, spec.block_size if isinstance(spec, GPTSpec) else None)
+    if cfg.model.path is not None and cfg.model.name != HF:
+        raise ConfigError("model.path", cfg.model.path, f"unset with model={cfg.model.name} (only model=hf reads it)")
 
 
 def _check_optim(optim: OptimConfig) -> None:
@@ -194,12 +162,16 @@ def _check_optim(optim: OptimConfig) -> None:
         raise ConfigError(
             "optim.min_lr_ratio", optim.min_lr_ratio, "a number in [0, 1]: the cosine schedule's last lr over its peak"
         )
+    if optim.min_lr_ratio and optim.schedule != "cosine":
+        raise ConfigError(
+            "optim.min_lr_ratio",
+            optim.min_lr_ratio,
+            f"0 with optim.schedule={optim.schedule} (only the cosine schedule reads it; optim=adamw sets 0.1)",
+        )
 
 
-#: The optimizers that read optim.beta1, optim.beta2 and optim.eps (unitrain.interface.optim.ADAPTIVE).
-_ADAPTIVE = ("adam", "adamw")
 #: The values adam and adamw read, as the schema's defaults (the others must leave them so).
-_ADAPTIVE_DEFAULTS = {"beta1": 0.9, "beta2": 0.999, "eps": 1e-8}
+_ADAPTIVE_DEFAULTS = {key: getattr(OptimConfig, key) for key in ("beta1", "beta2", "eps")}
 
 
 def _check_adaptive(optim: OptimConfig) -> None:
@@ -211,7 +183,7 @@ def _check_adaptive(optim: OptimConfig) -> None:
         # Above 1 it no longer guards a denominator but replaces it; 1e300 is inf in float32.
         raise ConfigError("optim.eps", optim.eps, "a number in (0, 1]: the denominator's epsilon")
     name = str(optim.name)
-    if name in _ADAPTIVE:
+    if name in ADAPTIVE:
         if optim.nesterov:
             raise ConfigError("optim.nesterov", True, f"false with optim.name={name} (Nesterov is momentum's)")
         if optim.momentum:
@@ -220,13 +192,17 @@ def _check_adaptive(optim: OptimConfig) -> None:
             )
         return
     if name == "sgd" and optim.momentum:
-        raise ConfigError("optim.momentum", optim.momentum, "0 with optim.name=sgd (plain SGD; or optim=momentum)")
+        raise ConfigError(
+            "optim.momentum",
+            optim.momentum,
+            "0 with optim.name=sgd (plain SGD has none; optim=momentum has, where the job's kind builds it)",
+        )
     for key, default in _ADAPTIVE_DEFAULTS.items():
         if getattr(optim, key) != default:
             raise ConfigError(
                 f"optim.{key}",
                 getattr(optim, key),
-                f"{default:g} (its default) with optim.name={name}: only adam and adamw read it",
+                f"{default:g} (its default) with optim.name={name}: only {' and '.join(ADAPTIVE)} read it",
             )
 
 
@@ -284,6 +260,13 @@ def _check_dist(cfg: UnitrainConfig) -> None:
         raise ConfigError("dist.timeout_s", dist.timeout_s, f"at most {MAX_TIMEOUT_S:g} seconds (a day)")
     not_empty("dist.master_addr", dist.master_addr)
     not_empty("dist.interface", dist.interface)
+    _check_restarts(cfg)
+    _check_batch_per_device(cfg)
+
+
+def _check_restarts(cfg: UnitrainConfig) -> None:
+    """dist.max_restarts and dist.shared_dir, where restarted workers find their checkpoints."""
+    dist = cfg.dist
     at_least("dist.max_restarts", dist.max_restarts, 0)
     if dist.max_restarts > MAX_RESTARTS:
         # A worker that fails that often is not meeting transient faults: it is broken.
@@ -306,6 +289,10 @@ def _check_dist(cfg: UnitrainConfig) -> None:
             "0 with dist.nnodes > 1, unless dist.shared_dir names a directory every node reaches at the same path "
             "(where rank 0's checkpoints are read by a worker restarted on any node)",
         )
+
+
+def _check_batch_per_device(cfg: UnitrainConfig) -> None:
+    dist = cfg.dist
     micro = BatchPlan.micro_batch_of(cfg, dist.nproc_per_node * dist.nnodes)
     spec = MODELS.get(cfg.model.name) if cfg.model.name in MODELS else None
     with_batchnorm = isinstance(spec, ResNetSpec) or cfg.model.name == CUSTOM
@@ -362,8 +349,11 @@ def check_image_model(name: str, image_size: int, freeze_bn: bool) -> None:
 def check_groups(cfg: UnitrainConfig | ParityConfig) -> None:
     """The rules of the groups every command that trains has: model, data, optim, trainer."""
     not_empty("model.mapping", cfg.model.mapping)
-    _check_data(cfg.data)
-    _check_language(cfg)
+    # The task's rules first (a language model trains on text, a corpus's path is a file or a
+    # folder, ...), each other task's keys unset; then the ranges every job's data has.
+    tasks.check(cfg)
+    _check_data(cfg.data, tasks.task_of(cfg))
+    _check_model(cfg)
     _check_optim(cfg.optim)
     _check_trainer(cfg.trainer)
 
@@ -375,16 +365,12 @@ def check_config(cfg: UnitrainConfig) -> None:
     _check_amp(cfg.amp)
     _check_dist(cfg)
     _check_profiler(cfg.profiler)
-    _check_objective(cfg.objective, cfg.data.name == "text")
+    _check_objective(cfg.objective, tasks.task_of(cfg).measure)
 
 
-def _check_objective(objective: Any, text: bool) -> None:
+def _check_objective(objective: Any, measure: Measure) -> None:
     target = objective.target
-    if objective.metric == "time_to_target" and text:
-        if target is None or not math.isfinite(target) or target <= 0:
-            raise ConfigError("objective.target", target, "the held-out loss to reach, a finite number > 0")
-    elif objective.metric == "time_to_target":
-        if target is None or not math.isfinite(target) or not 0 < target <= 1:
-            raise ConfigError("objective.target", target, "the held-out top-1 to reach, a number in (0, 1]")
+    if objective.metric == "time_to_target":
+        measure.check_target(target)
     elif target is not None:
         raise ConfigError("objective.target", target, "null with objective.metric=heldout (it reads no target)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import List, Optional, Protocol, Tuple
+from typing import Any, List, Optional, Protocol, Tuple
 
 import numpy as np
 
@@ -77,20 +77,11 @@ class LearnableDataset(SyntheticDataset):
     # Pattern amplitude against unit-variance noise: learned within tens to hundreds of CPU steps, not at once.
     signal = 1.0
 
-    def __init__(
-        self,
-        num_samples: int,
-        image_size: int = 32,
-        num_classes: int = 10,
-        seed: int = 0,
-        sample_delay_s: float = 0.0,
-        stream: int = 0,
-    ):
-        super().__init__(num_samples, image_size, num_classes, seed, sample_delay_s, stream)
-        templates = np.random.default_rng((seed, self.TEMPLATES)).standard_normal(
-            (num_classes, 3, image_size, image_size), dtype=np.float32
+    def __init__(self, *args: Any, **kwargs: Any):  # SyntheticDataset's arguments
+        super().__init__(*args, **kwargs)
+        self.templates = np.random.default_rng((self.seed, self.TEMPLATES)).standard_normal(
+            (self.num_classes, 3, self.image_size, self.image_size), dtype=np.float32
         )
-        self.templates = templates
 
     def __getitem__(self, index: int) -> Sample:
         rng = self._rng(index)
@@ -240,10 +231,7 @@ def build_dataset(cfg, default_size: int, seed: int):
 
 
 def has_held_out(cfg) -> bool:
-    """Whether a DataConfig has a held-out set (:func:`build_heldout_dataset` builds it; a text
-    corpus's is its last data.val_fraction, unitrain.data.text)."""
-    if cfg.name == "text":
-        return True
+    """Whether an image DataConfig has a held-out set (:func:`build_heldout_dataset` builds it)."""
     cls = DATASETS.get(cfg.name)
     if cls is FashionMNISTDataset:
         return True

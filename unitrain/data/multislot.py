@@ -119,4 +119,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 if __name__ == "__main__":
     from unitrain.host.processes import run_command
 
-    run_command(main)
+    run_command(main, stop_when_unread=True)  # a filter: a reader that stopped reading ends it

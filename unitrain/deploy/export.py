@@ -22,11 +22,10 @@ import time
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from unitrain.data.text import tokenizer_path
 from unitrain.deploy import artifacts, ps_export
 from unitrain.deploy.runtimes import runtimes_for
 from unitrain.errors import UnitrainError, framework_cause
@@ -38,6 +37,7 @@ from unitrain.model.build import build_model
 from unitrain.model.conversion import checkpoint_model, weights_for
 from unitrain.model.custom import CustomModel
 from unitrain.model.weights import Arrays
+from unitrain.tasks import Task, task_of
 from unitrain.train.checkpoint import checkpoint_run_dir, find_checkpoint, read_meta, read_model_arrays
 
 #: Held-out images (or token windows) the check runs on (dynamic-batch artifacts also at batch 1).
@@ -48,18 +48,24 @@ TOLERANCE = 1e-5
 
 
 class ExportCheckError(UnitrainError):
-    """An artifact whose outputs differ from the checkpoint's beyond the tolerance (not kept)."""
+    """An artifact whose outputs differ from the checkpoint's beyond the tolerance (not kept);
+    ``fmt``: its format."""
+
+    fmt: Optional[str] = None
 
 
 @dataclass(kw_only=True)
 class Source:
-    """The checkpoint: its weights, and its own model's logits (computed once per batch size)."""
+    """The checkpoint: its weights, its job's task and config, and its own model's logits
+    (computed once per batch size)."""
 
     framework: str
     model: "str | CustomModel"
     classes: int
     arrays: Arrays
     meta: Dict[str, Any]
+    task: Task
+    cfg: Any
     #: A language model's context length: its time axis is dynamic up to it (None: images).
     max_length: Optional[int] = None
     _logits: Dict[tuple, np.ndarray] = field(default_factory=dict)
@@ -77,9 +83,9 @@ class Source:
         return self._logits[images.shape]
 
     def example(self, inputs: np.ndarray) -> np.ndarray:
-        """What the exporter traces: the inputs as they are (images), or token ids whose time
-        axis it keeps dynamic up to the context length."""
-        return inputs if self.max_length is None else artifacts.token_ids(inputs, self.max_length)
+        """What the exporter traces, as the task makes it: the inputs as they are (images), or
+        token ids whose time axis it keeps dynamic up to the context length."""
+        return self.task.export_example(self.cfg, inputs)
 
     def check_lengths(self) -> List[Optional[int]]:
         """The time lengths an artifact is checked at: the full context and half of it (None: images)."""
@@ -152,59 +158,129 @@ def _check(
     }
 
 
+#: What a failed artifact's line offers instead: unitrain.export's own options (unitrain.quantize
+#: gives its own, :func:`export`'s ``allowed``).
+EXPORT_ALLOWED = "another --format or --to"
+#: The folder an artifact is written and checked in before it is moved into the export directory.
+_TMP = ".export-{stem}-{fmt}-{pid}"
+
+
 def export_one(
-    source: Source, target: Target, fmt: str, batch: Optional[int], images: np.ndarray, out: Path, tolerance: float
+    source: Source,
+    target: Target,
+    fmt: str,
+    batch: Optional[int],
+    images: np.ndarray,
+    out: Path,
+    tolerance: float,
+    allowed: Callable[[str], str] = lambda fmt: EXPORT_ALLOWED,
 ) -> Dict[str, Any]:
-    """Write, check and move one artifact into ``out``; returns its manifest entry."""
+    """Write, check and move one artifact into ``out``; returns its manifest entry. ``allowed``:
+    what a failure's line offers instead, for the format that failed."""
     stem = artifacts.stem(target.framework, batch)
-    tmp = out / f".export-{stem}-{fmt}-{os.getpid()}"
+    remove_dead_tmp(out)
+    tmp = out / _TMP.format(stem=stem, fmt=fmt, pid=os.getpid())
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        write = target.exporters.save_onnx if fmt == "onnx" else target.exporters.save_native
-        started = time.perf_counter()
-        step = f"writing the {target.framework} {fmt} artifact"
-        try:
-            files = write(target.model(source), tmp / stem, source.example(tile(images, batch or len(images))), batch)
-            export_s = time.perf_counter() - started
-            step = f"running the {target.framework} {fmt} artifact to check it"
-            checks = _check(source, target, fmt, batch, images, files[0])
-        except (UnitrainError, MemoryError):
-            raise
-        except Exception as err:  # noqa: BLE001 - the framework's exporter or runtime refusing this model
-            raise UnitrainError(
-                f"{step} failed: {framework_cause(err)[:300]}; allowed: another --format or --to (what was "
-                f"exported before it is kept in {out})"
-            ) from None
-        worst = max(c["max_abs_diff"] / max(1.0, c["max_abs_logit"]) for c in checks.values())
-        agreement = min(c["top1_agreement"] for c in checks.values())
-        entry = {
-            "framework": target.framework,
-            "format": fmt,
-            "writer": target.exporters.WRITERS[fmt],
-            "batch": batch,
-            "files": [f.name for f in files],
-            "bytes": sum(f.stat().st_size for f in files),
-            "checked_with": target.exporters.CHECKED_WITH[fmt],
-            "checked_batches": sorted({int(k.split("x")[0]) for k in checks}),
-            **({"checked_lengths": source.check_lengths()} if source.max_length else {}),
-            "max_abs_diff": max(c["max_abs_diff"] for c in checks.values()),
-            "relative_diff": worst,
-            "top1_agreement": agreement,
-            "tolerance": tolerance,
-            "export_s": round(export_s, 3),
-        }
-        if worst > tolerance:
+        files, checks, export_s = _write_and_check(source, target, fmt, batch, images, tmp / stem, out, allowed(fmt))
+        entry = _entry(source, target, fmt, batch, files, checks, export_s, tolerance)
+        if entry["relative_diff"] > tolerance:
             raise ExportCheckError(
                 f"{files[0].name} computes something else than the checkpoint: largest |logit difference| "
-                f"{entry['max_abs_diff']:.3g} ({worst:.3g} of the largest logit, allowed {tolerance:g}), top-1 "
-                "agreement "
-                f"{agreement:.1%}; it was not kept"
+                f"{entry['max_abs_diff']:.3g} ({entry['relative_diff']:.3g} of the largest logit, allowed "
+                f"{tolerance:g}), top-1 agreement {entry['top1_agreement']:.1%}; it was not kept"
             )
         _move_into(files, out)
         return entry
+    except ExportCheckError as err:
+        err.fmt = fmt
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_dead_tmp(out: Path) -> None:
+    """The folders :func:`export_one` left in ``out`` from processes that are gone (killed before
+    they could remove them)."""
+    for folder in out.glob(".export-*-*"):
+        pid = folder.name.rsplit("-", 1)[-1]
+        if folder.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _write_and_check(
+    source: Source,
+    target: Target,
+    fmt: str,
+    batch: Optional[int],
+    images: np.ndarray,
+    stem: Path,
+    out: Path,
+    allowed: str = EXPORT_ALLOWED,
+) -> Tuple[List[Path], Dict[str, Dict[str, float]], float]:
+    """The artifact's files written at ``stem`` by the target's exporter, its checks, and the
+    seconds the writing took; a framework refusing is one line naming the step."""
+    write = target.exporters.save_onnx if fmt == "onnx" else target.exporters.save_native
+    started = time.perf_counter()
+    step = f"writing the {target.framework} {fmt} artifact"
+    try:
+        files = write(target.model(source), stem, source.example(tile(images, batch or len(images))), batch)
+        export_s = time.perf_counter() - started
+        step = f"running the {target.framework} {fmt} artifact to check it"
+        return files, _check(source, target, fmt, batch, images, files[0]), export_s
+    except UnitrainError as err:
+        if type(err) is not UnitrainError or "; allowed:" in str(err):
+            raise
+        # A writer's own line (paddle2onnx's missing operator): what to do instead added.
+        raise UnitrainError(f"{err}; allowed: {allowed} (what was exported before it is kept in {out})") from None
+    except MemoryError:
+        raise
+    except Exception as err:  # noqa: BLE001 - the framework's exporter or runtime refusing this model
+        raise UnitrainError(
+            f"{step} failed: {framework_cause(err)[:300]}; allowed: {allowed} (what was exported before it is "
+            f"kept in {out})"
+        ) from None
+
+
+def _entry(
+    source: Source,
+    target: Target,
+    fmt: str,
+    batch: Optional[int],
+    files: List[Path],
+    checks: Dict[str, Dict[str, float]],
+    export_s: float,
+    tolerance: float,
+) -> Dict[str, Any]:
+    """The artifact's manifest entry: its files, how it was written and checked, and the worst
+    of its checks (``relative_diff``: |logit difference| over the largest |logit|, at least 1)."""
+    return {
+        "framework": target.framework,
+        "format": fmt,
+        "writer": target.exporters.WRITERS[fmt],
+        "batch": batch,
+        "files": [f.name for f in files],
+        "bytes": sum(f.stat().st_size for f in files),
+        "checked_with": target.exporters.CHECKED_WITH[fmt],
+        "checked_batches": sorted({int(k.split("x")[0]) for k in checks}),
+        **({"checked_lengths": source.check_lengths()} if source.max_length else {}),
+        "max_abs_diff": max(c["max_abs_diff"] for c in checks.values()),
+        "relative_diff": max(c["max_abs_diff"] / max(1.0, c["max_abs_logit"]) for c in checks.values()),
+        "top1_agreement": min(c["top1_agreement"] for c in checks.values()),
+        "tolerance": tolerance,
+        "export_s": round(export_s, 3),
+    }
 
 
 def _move_into(files: List[Path], out: Path) -> None:
@@ -246,23 +322,18 @@ def _export_ps(
     return ps_export.export_ps(path, meta, formats, targets, _export_dir(out, path, origin), tolerance)
 
 
-def _source(path: Path, meta: Dict[str, Any], cfg: Any, data: Any) -> Source:
+def _source(path: Path, meta: Dict[str, Any], cfg: Any, task: Task, data: Any) -> Source:
     return Source(
         framework=meta["framework"],
         model=checkpoint_model(meta, checkpoint_run_dir(path)),
-        classes=_classes(meta, cfg, data),
+        # A language model's vocabulary as its checkpoint records it (the check data may be random ids).
+        classes=task.export_classes(cfg, meta, data),
         arrays=read_model_arrays(path),
         meta=meta,
-        max_length=artifacts.text_block_size(cfg) if artifacts.is_text(cfg) else None,
+        task=task,
+        cfg=cfg,
+        max_length=task.block_size(cfg),
     )
-
-
-def _classes(meta: Dict[str, Any], cfg: Any, data: Any) -> int:
-    """The model's outputs: a language model's vocabulary as its checkpoint records it (the check
-    data may be random ids), else as the trainer decided it."""
-    if artifacts.is_text(cfg) and meta.get("num_classes"):
-        return int(meta["num_classes"])
-    return artifacts.num_classes(cfg, data)
 
 
 def _manifest(
@@ -310,18 +381,22 @@ def export(
     batches: List[Optional[int]],
     out: Optional[str],
     tolerance: float = TOLERANCE,
+    allowed: Callable[[str], str] = lambda fmt: EXPORT_ALLOWED,
 ) -> Path:
+    """The checkpoint ``spec`` exported in each format, framework and batch, each artifact checked;
+    ``allowed``: what a failed artifact's line offers instead, for its format (unitrain.export's
+    options by default)."""
     path = find_checkpoint(spec, [Path.cwd() / "runs", Path.cwd() / "multirun"], key="checkpoint")
     meta = read_meta(path)
     if meta.get("kind") == ps_export.KIND:
         return _export_ps(path, meta, formats, targets, batches, out, tolerance)
     cfg = artifacts.job_config(meta["config"])
-    text = artifacts.is_text(cfg)
+    task, run_dir = task_of(cfg), checkpoint_run_dir(path)
     # A language model's held-out windows are re-read with the tokenizer of the run that trained it.
-    tokenizer = tokenizer_path(checkpoint_run_dir(path)) if text else None
-    data, data_description = artifacts.held_out(cfg, CHECK_SAMPLES, tokenizer, meta.get("num_classes"))
+    state = artifacts.run_state(task, run_dir)
+    data, data_description = task.export_held_out(cfg, CHECK_SAMPLES, state, meta.get("num_classes"))
     images, _ = artifacts.stack(data, range(CHECK_SAMPLES))
-    source = _source(path, meta, cfg, data)
+    source = _source(path, meta, cfg, task, data)
     origin = {
         "checkpoint": str(path.resolve()),
         "framework": meta["framework"],
@@ -330,14 +405,14 @@ def export(
     }
     out_dir = _export_dir(out, path, origin)
     # The tokenizer goes with the model: a deployment needs it, and unitrain.infer reads it.
-    copied = artifacts.copy_tokenizer(checkpoint_run_dir(path), out_dir) if text else None
-    inputs = artifacts.input_entry(cfg, images, source.classes, copied)
+    copied = artifacts.carry_files(task, run_dir, out_dir)
+    inputs = task.input_entry(cfg, images, source.classes, copied)
     manifest = _manifest(out_dir, origin, meta, data_description, inputs)
     for framework in targets or [meta["framework"]]:
         target = Target.of(framework)
         for fmt in formats:
             for batch in batches:
-                entry = export_one(source, target, fmt, batch, images, out_dir, tolerance)
+                entry = export_one(source, target, fmt, batch, images, out_dir, tolerance, allowed)
                 _record(out_dir, manifest, entry, target, fmt)
                 _announce(meta, out_dir, entry, batch, data_description)
     return out_dir

@@ -8,20 +8,23 @@ the logits over the temperature (the ``top_k`` most likely only), from one seede
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, List, Optional
 
 import numpy as np
 
-from unitrain.data.text import Tokenizer, UnknownCharacter, load_tokenizer
+from unitrain.data.text import Tokenizer, UnknownCharacter
+from unitrain.data.text.job_tokenizer import model_tokenizer
+from unitrain.deploy.artifacts import job_config
 from unitrain.errors import UnitrainError
 from unitrain.interface.backend import get_backend
 from unitrain.interface.evaluation import evaluation_module
 from unitrain.model.build import build_model
 from unitrain.model.conversion import checkpoint_model, weights_for
+from unitrain.tasks import task_of_summary
 from unitrain.train.checkpoint import checkpoint_run_dir, find_checkpoint, read_meta, read_model_arrays
-from unitrain.train.language import context_length
 
 #: How many tokens one call may ask for: past it a CPU takes minutes for a tiny model.
 MAX_TOKENS = 100_000
@@ -75,30 +78,54 @@ def load_generator(source: str, framework: Optional[str], roots: List[Path]) -> 
     path = find_checkpoint(source, roots, key="checkpoint")
     meta = read_meta(path)
     config = meta.get("config", {})
-    data = (config.get("data") or {}).get("name")
-    if data != "text":
+    # Tokens per sample: only a language model's task has them (the others' is None).
+    block = task_of_summary(config).block_size(job_config(config))
+    if block is None:
+        data = (config.get("data") or {}).get("name")
         raise UnitrainError(
             f"checkpoint {path} holds model={meta.get('model')} trained on data={data}; allowed: a language model's "
             "checkpoint (data=text)"
         )
+    run_dir = checkpoint_run_dir(path)
+    # The run that wrote the checkpoint saved it: refused where it is not the model's (another
+    # corpus's), before a framework loads, rather than text of another corpus's tokens.
+    tokenizer = model_tokenizer(
+        run_dir, int(meta["num_classes"]), config.get("data") or {}, _corpus_sha256(run_dir), f"checkpoint {path}"
+    )
     framework = framework or meta["framework"]
     backend = get_backend(framework)
-    model = build_model(backend, checkpoint_model(meta, checkpoint_run_dir(path)), int(meta["num_classes"]))
+    model = build_model(backend, checkpoint_model(meta, run_dir), int(meta["num_classes"]))
     backend.load_state_arrays(model, weights_for(read_model_arrays(path), meta, backend, model))
-    tokenizer = load_tokenizer(checkpoint_run_dir(path))  # the run that wrote the checkpoint saved it
-    block = (config.get("data") or {}).get("block_size") or context_length(meta["model"])
     return Generator(framework=framework, checkpoint=path, model=model, tokenizer=tokenizer, block_size=int(block))
+
+
+def _corpus_sha256(run_dir: Path) -> Optional[str]:
+    """The corpus a run trained on, as its summary.json says (None before the run ended)."""
+    try:
+        return json.loads((Path(run_dir) / "summary.json").read_text())["text"]["corpus_sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def choose(logits: np.ndarray, sampling: Sampling, rng: np.random.Generator) -> int:
     """The next token: the most likely at temperature 0, else a draw (top-k first)."""
+    logits = np.asarray(logits, dtype=np.float64)
+    if not np.isfinite(logits).all():
+        raise UnitrainError(
+            f"the model gave non-finite logits ({int((~np.isfinite(logits)).sum())} of {len(logits)}); allowed: "
+            "a checkpoint of a run whose loss stayed finite"
+        )
     if sampling.temperature == 0:
         return int(np.argmax(logits))
-    scaled = logits / sampling.temperature
+    # The largest logit taken away before the division: every scaled logit is then at most 0, so no
+    # temperature overflows exp (1e-320 turned logits / T into inf, then inf - inf into NaN) and the
+    # most likely token keeps exp(0) = 1; a tiny temperature is the most likely token, as it should.
+    with np.errstate(over="ignore"):  # a logit far below the largest: -inf, a probability of 0
+        scaled = (logits - logits.max()) / sampling.temperature
     if sampling.top_k is not None and sampling.top_k < len(scaled):
         cut = np.partition(scaled, -sampling.top_k)[-sampling.top_k]
         scaled = np.where(scaled < cut, -np.inf, scaled)
-    probs = np.exp(scaled - scaled.max())
+    probs = np.exp(scaled)
     return int(rng.choice(len(probs), p=probs / probs.sum()))
 
 

@@ -211,7 +211,7 @@ def benchmark(inputs: Sequence[str], timing: Timing, out: Optional[str]) -> Path
         "min_time_s": timing.min_time_s,
         "eval_samples": timing.eval_samples or "all",
         "timed": "one inference on an input already in the runtime's memory, logits read back as NumPy",
-        "inputs": sorted({(m.get("input") or {}).get("kind", "images") for _, m in found}),
+        "inputs": sorted({artifacts.input_task(m).input_kind for _, m in found}),
         "rows": rows,
         "pairs": timing.pairs,
     }

@@ -22,7 +22,9 @@ no training), so that every method has a neutral-runtime row to set against.
 held-out batch (an example, never observed for ranges). A language model (data=text) is
 quantized from an example of its full context with the time axis kept dynamic, calibrated
 (static, qat's ONNX Runtime row) on disjoint windows of its corpus's training split, and judged
-by held-out next-token top-1 and loss per token.
+by held-out next-token top-1 and loss per token: what it is calibrated and traced on is its
+task's to say (the run resolved: :mod:`unitrain.deploy.quantization`; qat's fine-tuning:
+:mod:`unitrain.deploy.qat`).
 """
 
 from __future__ import annotations
@@ -31,35 +33,27 @@ import importlib
 import json
 import os
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
-import numpy as np
-from omegaconf import OmegaConf
-
-from unitrain.config.schedule import BatchPlan
 from unitrain.config.schema import QuantizeConfig
-from unitrain.data.datasets import build_dataset
-from unitrain.data.text import load_text, tokenizer_path
 from unitrain.deploy import artifacts
-from unitrain.deploy.export import export
+from unitrain.deploy.export import ExportCheckError, export
 from unitrain.deploy.infer import Timing, benchmark
 from unitrain.deploy.onnx_quantize import quantize_onnx
+from unitrain.deploy.qat import quantization_aware_training
+from unitrain.deploy.quantization import Quantization, resolved
 from unitrain.deploy.speed_ratio import MAX_PAIRS, Side, measure_ratio
 from unitrain.errors import ConfigError, Refusal, UnitrainError, framework_cause
 from unitrain.host.atomic import replace_text
 from unitrain.host.machine import cpu
-from unitrain.interface.backend import Backend, get_backend
+from unitrain.interface.modules import available_backends
 from unitrain.interface.quantize import QuantizeModule, Saved, quantize_module
 from unitrain.model.build import build_model
-from unitrain.model.conversion import checkpoint_model, weights_for
-from unitrain.model.custom import CustomModel
+from unitrain.model.conversion import weights_for
 from unitrain.model.weights import Arrays
 from unitrain.report.quantize import RESULT, markdown, plot, table
-from unitrain.spec.models import ViTSpec
-from unitrain.train.checkpoint import checkpoint_run_dir, find_checkpoint, read_image_meta, read_model_arrays
-from unitrain.train.trainer import Trainer
+from unitrain.train.checkpoint import find_checkpoint, read_image_meta, read_model_arrays
 
 
 def validate(cfg: QuantizeConfig) -> None:
@@ -108,104 +102,20 @@ def _check_toolkits(framework: str, toolkit: QuantizeModule, cfg: QuantizeConfig
             ) from None
 
 
-def calibration_batches(
-    job_cfg: Any, count: Optional[int], batch: int, tokenizer: Optional[Path] = None
-) -> List[np.ndarray]:
-    """The first ``count`` x ``batch`` training images, unaugmented and without labels, from the
-    training set as the job built it (synthetic sets are sized by the job, not by the request);
-    a language model's: disjoint windows of its corpus's training split, tokenized by the run's
-    ``tokenizer``."""
-    if artifacts.is_text(job_cfg):
-        dataset, unit = _training_windows(job_cfg, tokenizer), "token windows"
-    else:
-        plan = BatchPlan.from_config(job_cfg, job_cfg.dist.nproc_per_node * job_cfg.dist.nnodes)
-        size = (job_cfg.trainer.steps or 1) * plan.global_batch
-        dataset, unit = build_dataset(job_cfg.data, default_size=size, seed=job_cfg.trainer.seed), "images"
-    if count is None:
-        count = min(32, max(1, len(dataset) // batch))
-    if count * batch > len(dataset):
-        raise ConfigError(
-            "calib_batches",
-            count,
-            f"at most {len(dataset) // batch} batches of calib_batch_size={batch} (the training set holds "
-            f"{len(dataset)} {unit})",
-        )
-    batches = [artifacts.stack(dataset, range(i * batch, (i + 1) * batch))[0] for i in range(count)]
-    if artifacts.is_text(job_cfg):  # token ids: the toolkits keep the time axis dynamic
-        return [artifacts.token_ids(b, artifacts.text_block_size(job_cfg)) for b in batches]
-    return batches
+def _baseline_allowed(framework: str):
+    """What a failed fp32 baseline artifact's line offers instead: quantize's own options (the
+    ONNX half: ``onnx=false``; the native one: the other framework's toolkit)."""
+    others = [b for b in available_backends() if b != framework]
+    other = f"backend={others[0]} (that framework's toolkit, on the same checkpoint)" if others else ""
 
+    def allowed(fmt: str) -> str:
+        if fmt == "onnx":
+            return "onnx=false (the framework's own int8 alone, no ONNX Runtime row)" + (
+                f", or {other}" if other else ""
+            )
+        return other or "a model this framework exports (docs/export-and-inference.md)"
 
-def _training_windows(job_cfg: Any, tokenizer: Optional[Path]) -> Any:
-    """A language model's training split as disjoint windows of its block size."""
-    block = artifacts.text_block_size(job_cfg)
-    if tokenizer is None or not tokenizer.is_file():
-        raise UnitrainError(
-            f"calibrating a language model needs its run's tokenizer ({tokenizer}), which is missing; allowed: "
-            "method=dynamic (no calibration data)"
-        )
-    try:
-        data = artifacts.corpus_config(job_cfg, tokenizer)
-        corpus = load_text(data, block_size=block, max_block_size=block, tokenizer_file=tokenizer)
-    except ConfigError as err:
-        raise UnitrainError(
-            f"calibrating a language model reads its corpus's training split, which cannot be read again: {err}; "
-            "allowed: method=dynamic (no calibration data)"
-        ) from None
-    return corpus.train.with_stride(block)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Quantization:
-    """One quantize run, resolved: the checkpoint, the toolkit that quantizes, its settings."""
-
-    cfg: QuantizeConfig
-    checkpoint: Path
-    meta: Dict[str, Any]
-    job: Any  # the checkpoint's training config
-    framework: str
-    backend: Backend
-    toolkit: QuantizeModule
-    #: Calibration batches; none for ``dynamic``, which calibrates nothing.
-    calibration: List[np.ndarray]
-    #: What the toolkits trace the model with: the first calibration batch, else held-out data
-    #: (a language model's token ids carry their context length: the time axis stays dynamic).
-    example: np.ndarray
-    threads: int
-    reduce_range: bool
-    out_dir: Path
-
-    def model(self) -> "str | ViTSpec | CustomModel":
-        """The checkpoint's model, as build_model takes it (a translated half: its run's copy)."""
-        return checkpoint_model(self.meta, checkpoint_run_dir(self.checkpoint))
-
-    @property
-    def classes(self) -> int:
-        if artifacts.is_text(self.job) and self.meta.get("num_classes"):
-            return int(self.meta["num_classes"])  # the vocabulary: the check data may be random ids
-        return artifacts.num_classes(self.job, artifacts.held_out(self.job, 8)[0])
-
-    @property
-    def samples(self) -> List[np.ndarray]:
-        """What save_quantized reads: the calibration batches, or (dynamic) the example alone,
-        traced and never observed for activation ranges."""
-        return self.calibration or [self.example]
-
-    @property
-    def stem(self) -> str:
-        return artifacts.stem(self.framework, None) + f".{self.cfg.method}"
-
-    def settings(self) -> Dict[str, Any]:
-        """How the artifacts were made, recorded beside each (``qat`` adds what training did)."""
-        method = self.cfg.method
-        return {
-            "method": method,
-            "calib_batches": len(self.calibration) if method != "dynamic" else 0,
-            "calib_batch_size": self.cfg.calib_batch_size,
-            "per_channel": self.cfg.per_channel,
-            "reduce_range": self.reduce_range,
-            **({"qat_steps": self.cfg.qat.steps} if method == "qat" else {}),
-        }
+    return allowed
 
 
 def _resolve(cfg: QuantizeConfig, out_dir: Path) -> Quantization:
@@ -218,39 +128,7 @@ def _resolve(cfg: QuantizeConfig, out_dir: Path) -> Quantization:
     framework = cfg.backend.name if cfg.backend else meta["framework"]
     toolkit = quantize_module(framework)
     _check_toolkits(framework, toolkit, cfg)
-    job = artifacts.job_config(meta["config"])
-    threads = cfg.threads or len(os.sched_getaffinity(0))
-    # 7-bit activations where the CPU lacks VNNI: the AVX2 int8 dot product saturates otherwise.
-    has_vnni = any("vnni" in e for e in cpu()["extensions"] or [])
-    tokenizer = tokenizer_path(checkpoint_run_dir(path)) if artifacts.is_text(job) else None
-    calibration = (
-        [] if cfg.method == "dynamic" else calibration_batches(job, cfg.calib_batches, cfg.calib_batch_size, tokenizer)
-    )
-    return Quantization(
-        cfg=cfg,
-        checkpoint=path,
-        meta=meta,
-        job=job,
-        framework=framework,
-        backend=get_backend(framework),
-        toolkit=toolkit,
-        calibration=calibration,
-        example=_example(job, meta, calibration, tokenizer),
-        threads=threads,
-        reduce_range=cfg.reduce_range if cfg.reduce_range is not None else not has_vnni,
-        out_dir=out_dir,
-    )
-
-
-def _example(job: Any, meta: Dict[str, Any], calibration: List[np.ndarray], tokenizer: Optional[Path]) -> np.ndarray:
-    """The batch the toolkits trace: the first calibration batch, else 8 held-out samples (more
-    than one: torch.export would take a batch of 1 for a fixed size)."""
-    if calibration:
-        example = calibration[0]
-    else:
-        data, _ = artifacts.held_out(job, 8, tokenizer, meta.get("num_classes"))
-        example = artifacts.stack(data, range(8))[0]
-    return artifacts.token_ids(example, artifacts.text_block_size(job)) if artifacts.is_text(job) else example
+    return resolved(cfg, path, meta, framework, toolkit, out_dir)
 
 
 def quantize(cfg: QuantizeConfig, out_dir: Path) -> Dict[str, Any]:
@@ -258,7 +136,11 @@ def quantize(cfg: QuantizeConfig, out_dir: Path) -> Dict[str, Any]:
     meta = q.meta
     print(f"fp32 baseline: exporting {meta['framework']} {meta['model']} step {meta['step']} ...", flush=True)
     formats = ["native", "onnx"] if cfg.onnx else ["native"]
-    fp32_dir = export(str(q.checkpoint), formats, [q.framework], [None], str(out_dir / "fp32"))
+    allowed = _baseline_allowed(q.framework)
+    try:
+        fp32_dir = export(str(q.checkpoint), formats, [q.framework], [None], str(out_dir / "fp32"), allowed=allowed)
+    except ExportCheckError as err:  # an artifact computing something else: what to ask for instead
+        raise ExportCheckError(f"the fp32 baseline: {err}; allowed: {allowed(err.fmt)}") from None
     fp32 = artifacts.read_manifest(fp32_dir)
     # After the export, whose check ran every runtime on all cores.
     q.backend.set_threads(q.threads)
@@ -272,7 +154,7 @@ def quantize(cfg: QuantizeConfig, out_dir: Path) -> Dict[str, Any]:
         "artifacts": {},
         "cpu": cpu(),
     }
-    for name in artifacts.TOKENIZER_FILES:  # a language model's tokenizer, beside its int8 artifacts too
+    for name in q.task.export_files:  # a language model's tokenizer, beside its int8 artifacts too
         if (fp32_dir / name).is_file():
             shutil.copyfile(fp32_dir / name, int8_dir / name)
     how = q.settings()
@@ -416,61 +298,3 @@ def _speedups(
             reference, candidate, manifest["config"], batch, q.threads, q.cfg.pairs, q.cfg.warmup, manifest.get("input")
         )
     return found
-
-
-def qat_job_config(q: Quantization) -> Any:
-    """The training job of the checkpoint, as a short fine-tuning run: same data, batch, optimizer
-    and augmentation; ``qat.steps`` steps in one process at ``qat.lr``, no checkpoints."""
-    job, cfg = q.job, q.cfg
-    qat = OmegaConf.merge(job, {})
-    qat.backend.name = q.framework
-    qat.amp.level = "O0"
-    qat.trainer.update(
-        steps=cfg.qat.steps,
-        epochs=1,
-        checkpoint_every=0,
-        eval_every=0,
-        resume=None,
-        repeats=1,
-        threads=q.threads,
-        loggers=[],
-    )
-    qat.dist.nproc_per_node, qat.dist.nnodes = 1, 1
-    qat.optim.update(
-        lr=cfg.qat.lr if cfg.qat.lr is not None else job.optim.lr * 0.01, warmup_steps=0, schedule="constant"
-    )
-    qat.profiler.mode, qat.profiler.warmup_steps = "timer", 0  # a few steps: no timing is reported
-    return qat
-
-
-def quantization_aware_training(q: Quantization, weights: Arrays, int8_dir: Path) -> tuple[Saved, Dict[str, Any]]:
-    """Fine-tunes the checkpoint's weights with fake quantization in unitrain's training loop,
-    then converts and saves it; returns the files and what the loop recorded."""
-    example = q.example
-    prepared = []
-
-    def prepare(model: Any) -> Any:
-        q.backend.load_state_arrays(model, weights)
-        prepared.append(q.toolkit.prepare_qat(model, example, q.reduce_range))
-        return prepared[-1]
-
-    run_dir = q.out_dir / "qat"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    qat_cfg = qat_job_config(q)
-    print(
-        f"quantization-aware training in {q.framework}: {q.cfg.qat.steps} steps at lr {qat_cfg.optim.lr:g} ...",
-        flush=True,
-    )
-    # A user's pair as the checkpoint records it (a translated half: the run's copy); else the config's.
-    model = q.model() if q.meta.get("custom") else None
-    summary = Trainer(qat_cfg, q.backend, run_dir, q.threads, prepare_model=prepare, model=model).fit()
-    saved = q.toolkit.save_qat(prepared[0], int8_dir / q.stem, example, q.cfg.batches)
-    final = summary.get("final") or {}
-    record = {
-        "steps": summary["steps"],
-        "lr": qat_cfg.optim.lr,
-        "final_loss": final.get("loss"),
-        "held_out": summary.get("eval"),
-        "run_dir": "qat",
-    }
-    return saved, record

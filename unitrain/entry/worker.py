@@ -122,6 +122,10 @@ def _log_to(run_dir: Path, log_name: Optional[str], console: bool) -> None:
         os.dup2(log_file.fileno(), 1)
         os.dup2(log_file.fileno(), 2)
     form = "[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"
+    if console:
+        from unitrain.host.console import quiet_when_unread
+
+        quiet_when_unread()  # a sweep's job writes to the user's console, which `| head` may close
     logging.basicConfig(level=logging.INFO, format=form, stream=sys.stdout, force=True)
     if console:
         from unitrain.host.console import RUN_LOG
@@ -218,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except UnitrainError as err:
         print(f"unitrain: error: {err}", file=sys.stderr, flush=True)
-        status(status="failed", error=str(err), user_error=True, refusal=isinstance(err, Refusal))
-        return 2
+        code = getattr(err, "exit_code", 2)
+        status(status="failed", error=str(err), user_error=True, refusal=isinstance(err, Refusal), exit_code=code)
+        return code
     except KeyboardInterrupt:
         # Ctrl-C reaches the whole foreground process group, this process too when the main
         # process started it directly (sweeps, repeats): the main process says it in one line.
@@ -233,8 +238,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    status = main()
-    # Only now: the status above is written before anything of unitrain is imported.
-    from unitrain.host.processes import end_process
-
-    end_process(status)
+    sys.exit(main())

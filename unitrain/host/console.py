@@ -4,6 +4,7 @@ detail and a framework's advice a user cannot act on go to the log, where they c
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import sys
@@ -121,3 +122,85 @@ def captured_stdout(pass_on: bool = False) -> Iterator[Callable[[], str]]:
             final.append(printed())
             if pass_on:
                 os.write(1, final[0].encode())
+
+
+class _Unread(io.RawIOBase):
+    """File descriptor ``fd`` (1 or 2) as a command's console: once its reader is gone (``| head``
+    has read enough), /dev/null takes the descriptor's place, for this process's later writes and
+    for the children it starts, and what was written is dropped, as nobody would read it.
+    ``stop``: the write that found the reader gone raises BrokenPipeError, once, to stop a command
+    whose output is its only product."""
+
+    def __init__(self, fd: int, name: str, stop: bool):
+        super().__init__()
+        self.fd, self._name, self.stop, self.unread = fd, name, stop, False
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return os.isatty(self.fd)
+
+    def write(self, data) -> int:
+        view = memoryview(data).cast("B")
+        done = 0
+        try:
+            while done < len(view):
+                done += os.write(self.fd, view[done:])
+        except BrokenPipeError:
+            self._to_devnull()
+            if self.stop:
+                raise
+        return len(view)
+
+    def _to_devnull(self) -> None:
+        if not self.unread:
+            self.unread = True
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.fd)
+            os.close(devnull)
+
+
+def _guard(stream: object) -> "_Unread | None":
+    buffer = getattr(stream, "buffer", None)
+    raw = getattr(buffer, "raw", buffer)
+    return raw if isinstance(raw, _Unread) else None
+
+
+def unread(stream: object) -> bool:
+    """Whether ``stream`` (sys.stdout, say) is a console :func:`quiet_when_unread` guards whose
+    reader has gone."""
+    guard = _guard(stream)
+    return guard is not None and guard.unread
+
+
+def quiet_when_unread(stop: bool = False) -> None:
+    """sys.stdout and sys.stderr as Unix tools treat a reader that went away: no error, no
+    traceback, no "Logging error" dump for each line logged after it. A job runs on to its own
+    outcome (its results are files; its output is dropped); with ``stop``, the first write to a
+    stdout nobody reads raises BrokenPipeError, for a command that has nothing else to do."""
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        stream = getattr(sys, name)
+        try:
+            if stream is None or _guard(stream) is not None or stream.fileno() != fd:
+                continue
+        except (AttributeError, OSError, ValueError):  # not a file (pytest's capture, say)
+            continue
+        stream.flush()
+        raw = _Unread(fd, f"<{name}>", stop and name == "stdout")
+        unbuffered = isinstance(stream.buffer, io.RawIOBase)  # python -u, PYTHONUNBUFFERED
+        guarded = io.TextIOWrapper(
+            raw if unbuffered else io.BufferedWriter(raw),
+            encoding=stream.encoding,
+            errors=stream.errors,
+            line_buffering=stream.line_buffering,
+            write_through=stream.write_through,
+        )
+        setattr(sys, name, guarded)

@@ -22,6 +22,7 @@ import numpy as np
 
 from unitrain.config.schema import AmpConfig, DistConfig, OptimConfig, ProfilerConfig
 from unitrain.errors import UnitrainError
+from unitrain.host import processes
 from unitrain.interface import modules
 from unitrain.interface.data import data_module
 from unitrain.interface.distributed import DistributedContext, distributed_module
@@ -139,7 +140,8 @@ class Backend(ABC):
 
     @abstractmethod
     def _on_output(self, layer: Native, callback: Callable[[Native], None]) -> Any:
-        """Call ``callback(output)`` after each forward of ``layer``; returns a handle with remove()."""
+        """Call ``callback(output)`` after each forward of ``layer``; returns a handle with remove().
+        A return other than None replaces the layer's output (model/user_code.pick_logits)."""
 
     @abstractmethod
     def peak_device_memory_mb(self, device: str) -> float | None:
@@ -187,4 +189,5 @@ def get_backend(name: str) -> Backend:
     if name not in _INSTANCES:
         module = cast(BackendModule, modules.load(name, "backend"))
         _INSTANCES[name] = module.create_backend()
+        processes.keep_out_of_collection()
     return _INSTANCES[name]

@@ -1,4 +1,4 @@
-"""The optimizers of collective jobs (momentum, sgd, adam, adamw) in the framework: what
+"""The optimizers of collective jobs (spec.optimizers.COLLECTIVE) in the framework: what
 ``backends/<name>/optim.py`` provides, and the one rule both follow for which parameters decay
 (docs/optimizers.md)."""
 
@@ -9,6 +9,7 @@ from typing import Any, Collection, Mapping, Optional, Protocol, Sequence, TypeV
 from unitrain.config.schema import OptimConfig
 from unitrain.errors import ConfigError
 from unitrain.interface import modules
+from unitrain.spec import optimizers
 
 Rule = TypeVar("Rule")
 
@@ -22,19 +23,16 @@ class OptimModule(Protocol):
         """The name of the first optimizer state (momentum buffer...) holding nan or inf, or None."""
 
 
-#: What every backend's build_optimizer builds: the optimizers of collective jobs and of
-#: unitrain.parity. (A parameter-server job's servers have rules of their own: PS_OPTIMIZERS.)
-OPTIMIZERS = ("momentum", "sgd", "adam", "adamw")
-#: The ones that read optim.beta1, optim.beta2 and optim.eps.
-ADAPTIVE = ("adam", "adamw")
+#: spec.optimizers.COLLECTIVE, for jobs/collective.py and train/parity.py until they read it there.
 
 
 def rule_of(rules: Mapping[str, Rule], name: Any) -> Rule:
-    """A backend's builder for ``optim.name``; a name no backend builds (a parameter-server
-    rule, from a library user who skipped validation) is one line."""
-    if str(name) not in rules:
+    """A backend's builder for ``optim.name`` (``rules``: its builders, checked against
+    spec.optimizers.COLLECTIVE by ``optimizers.implemented``); a name no backend builds (a
+    parameter-server rule, from a library user who skipped validation) is one line."""
+    if str(name) not in optimizers.COLLECTIVE:
         raise ConfigError(
-            "optim.name", str(name), f"one of {', '.join(OPTIMIZERS)} (the optimizers of collective jobs)"
+            "optim.name", str(name), f"one of {', '.join(optimizers.COLLECTIVE)} (the optimizers of collective jobs)"
         )
     return rules[str(name)]
 

@@ -12,12 +12,9 @@ from typing import Any, Dict
 
 from unitrain.config.schema import DATASET_NAMES, PS_DATASETS, PS_MODELS, ModelInit, PsConfig, UnitrainConfig
 from unitrain.config.validation import changed_from_schema, check_image_model, one_of
-from unitrain.data.datasets import has_held_out
-from unitrain.data.text import check_text_files
 from unitrain.errors import ConfigError
 from unitrain.host.memory import check_fits
 from unitrain.interface.launch import launch_module
-from unitrain.interface.optim import OPTIMIZERS
 from unitrain.interface.validation import validation_module
 from unitrain.jobs.kind import Processes, Summary
 from unitrain.launch.shared_dir import seen_by_every_node
@@ -35,7 +32,10 @@ from unitrain.launch.supervise import (
 from unitrain.launch.workers import LogFollower
 from unitrain.model.custom import check_factories, custom_model
 from unitrain.model.translate import CONVERT, keep
+from unitrain.spec.hf import HF
 from unitrain.spec.models import CUSTOM, MODELS
+from unitrain.spec.optimizers import COLLECTIVE
+from unitrain.tasks import task_of
 from unitrain.train import restarts
 from unitrain.train.parity import check_converted
 from unitrain.train.trainer import train
@@ -59,7 +59,7 @@ class CollectiveJob:
     nodes_from_slurm = True
 
     def check(self, cfg: UnitrainConfig) -> None:
-        one_of("model.name", cfg.model.name, MODELS.names() + [CUSTOM] + list(PS_MODELS))
+        one_of("model.name", cfg.model.name, MODELS.names() + [CUSTOM, HF] + list(PS_MODELS))
         check_image_model(cfg.model.name, cfg.data.image_size, cfg.model.freeze_bn)
         check_factories(cfg.model)
         if cfg.model.name == CUSTOM and cfg.model.mapping and cfg.model.init == ModelInit.shared:
@@ -88,9 +88,9 @@ class CollectiveJob:
                 cfg.data.name,
                 f"one of {', '.join(DATASET_NAMES)} with dist.mode=collective ({cfg.data.name} is for dist.mode=ps)",
             )
-        one_of("optim.name", cfg.optim.name, OPTIMIZERS)
+        one_of("optim.name", cfg.optim.name, COLLECTIVE)
         _check_ps_unread(cfg.dist.ps)
-        if cfg.trainer.eval_every and not has_held_out(cfg.data):
+        if cfg.trainer.eval_every and not task_of(cfg).has_held_out(cfg.data):
             raise ConfigError(
                 "trainer.eval_every",
                 cfg.trainer.eval_every,
@@ -99,9 +99,7 @@ class CollectiveJob:
             )
 
     def check_machine(self, cfg: UnitrainConfig) -> None:
-        _check_image_folders(cfg)
-        if cfg.data.name == "text":
-            check_text_files(cfg.data)  # read, not tokenized: the workers tokenize (once, cached)
+        task_of(cfg).check_files(cfg)
         spec = MODELS.get(cfg.model.name) if cfg.model.name in MODELS else None
         features = spec.feature_dim if spec is not None else None
         check_fits(cfg.data.image_size, cfg.trainer.batch_size, cfg.data.num_classes, features)
@@ -181,16 +179,6 @@ def _keep_converted(cfg: UnitrainConfig, run_dir: Path) -> None:
     )
 
 
-def _check_image_folders(cfg: UnitrainConfig) -> None:
-    data = cfg.data
-    if data.name != "imagefolder":
-        return
-    if not os.path.isdir(data.path):
-        raise ConfigError("data.path", data.path, "an existing directory of class sub-directories")
-    if data.val_path is not None and not os.path.isdir(data.val_path):
-        raise ConfigError("data.val_path", data.val_path, "an existing directory of class sub-directories")
-
-
 def _check_custom(cfg: UnitrainConfig) -> None:
     """model=custom, before anything is written: model.kwargs is a mapping, the mapping file
     reads as {name: name} pairs (a resume from the other framework's checkpoint reads it), the
@@ -200,8 +188,7 @@ def _check_custom(cfg: UnitrainConfig) -> None:
     compared with its source layer by layer."""
     key = f"model.{cfg.backend.name}"
     path = getattr(cfg.model, cfg.backend.name, None)
-    text = cfg.data.name == "text"
-    pair = custom_model(cfg.model, cfg.data.image_size, cfg.data.block_size if text else None)
+    pair = custom_model(cfg.model, cfg.data.image_size, task_of(cfg).block_size(cfg))
     if cfg.model.mapping:
         if not os.path.isfile(cfg.model.mapping):
             raise ConfigError("model.mapping", cfg.model.mapping, "an existing JSON file of {name: name} pairs")

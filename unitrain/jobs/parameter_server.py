@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from unitrain.config.schema import PS_DATASETS, PS_MODELS, PS_OPTIMIZERS, UnitrainConfig
+from unitrain.config.schema import PS_DATASETS, PS_MODELS, UnitrainConfig
 from unitrain.config.validation import at_least, one_of, positive
 from unitrain.data import criteo_files
 from unitrain.data.criteo import DENSE_FEATURES, SPARSE_SLOTS
@@ -40,6 +40,9 @@ from unitrain.launch.workers import LogFollower
 from unitrain.ps import checkpoint
 from unitrain.ps.engine_check import engine_problem
 from unitrain.ps.job import summarize
+from unitrain.spec import optimizers
+from unitrain.tasks import task_of
+from unitrain.tasks.click_through import from_files
 
 log = logging.getLogger("unitrain")
 
@@ -74,12 +77,7 @@ class ParameterServerJob:
                     list(cfg.dist.ps.hosts),
                     f"every node's address or host name, resolvable ({host!r}: {err.strerror or err})",
                 ) from None
-        if cfg.data.name == "criteo":
-            for key, path in (("data.path", cfg.data.path), ("data.val_path", cfg.data.val_path)):
-                if (path or key == "data.path") and not (path and os.path.exists(path)):
-                    raise ConfigError(key, path, f"{criteo_files.ALLOWED}, existing, with data=criteo")
-                if path:
-                    criteo_files.check_source(path, key)
+        task_of(cfg).check_files(cfg)
         ps = cfg.dist.ps
         if ps.feed != "engine":
             return
@@ -138,13 +136,13 @@ def _check_roles(cfg: UnitrainConfig) -> None:
         )
     if cfg.data.name not in PS_DATASETS:
         raise ConfigError("data", cfg.data.name, f"one of {', '.join(PS_DATASETS)} with dist.mode=ps")
-    one_of("optim.name", cfg.optim.name, PS_OPTIMIZERS)
+    one_of("optim.name", cfg.optim.name, optimizers.PS)
     for key in ("momentum", "weight_decay"):
         if cfg.optim[key]:
             raise ConfigError(
                 f"optim.{key}",
                 cfg.optim[key],
-                f"0 with dist.mode=ps (the servers' rules, {', '.join(PS_OPTIMIZERS)}, have none)",
+                f"0 with dist.mode=ps (the servers' rules, {', '.join(optimizers.PS)}, have none)",
             )
     if cfg.dist.max_restarts:
         raise ConfigError(
@@ -254,10 +252,11 @@ def _check_feed(cfg: UnitrainConfig) -> None:
     why = _ENGINE
     if ps.sync == "sync" and ps.servers:
         raise ConfigError("dist.ps.sync", "sync", f"async or geo {why}: sync trainers meet after every step")
-    if cfg.data.name != "criteo" or not cfg.data.val_path:
+    files = from_files(cfg.data)
+    if not files or not cfg.data.val_path:
         raise ConfigError(
-            "data.val_path" if cfg.data.name == "criteo" else "data",
-            cfg.data.val_path if cfg.data.name == "criteo" else cfg.data.name,
+            "data.val_path" if files else "data",
+            cfg.data.val_path if files else cfg.data.name,
             f"data=criteo with a data.val_path {why}: the held-out rows cannot come from the training files",
         )
     for key, allowed in _PER_STEP:

@@ -98,6 +98,24 @@ def _roles(
     }
 
 
+def _first_stopped(roles: Dict[str, List[Dict[str, Any]]]) -> Dict[str, List[Dict[str, Any]]]:
+    """Where every rank was stopped by a signal (SIGTERM), the first to be: the launcher stops the
+    others only after one ended, so that one was stopped from outside the job."""
+    if not roles["culprits"] and roles["stopped"]:
+        first, *rest = sorted(roles["stopped"], key=_when)
+        return {**roles, "culprits": [first], "stopped": rest}
+    return roles
+
+
+def _why(status: Dict[str, Any]) -> str:
+    """How a rank that brought the job down ended, in its own words where it said any."""
+    if status["status"] == "failed":
+        return f"failed: {status['error']}"
+    if status["status"] == "terminated":
+        return f"was stopped first, by {status.get('error') or 'SIGTERM'} from outside the job"
+    return "stopped without reporting (killed by a signal?)"
+
+
 def _when(status: Dict[str, Any]) -> float:
     return status.get("time", 0)
 
@@ -164,7 +182,7 @@ def diagnose(
     refused = _shared_refusal(failed) if others_stopped else None
     if refused is not None:
         return refused
-    roles = _roles(statuses, run_dir, gone or {}, launcher)
+    roles = _first_stopped(_roles(statuses, run_dir, gone or {}, launcher))
     culprits = roles["culprits"]
     refused = _shared_refusal(culprits)
     if refused is not None:
@@ -180,10 +198,7 @@ def diagnose(
         )
     if dist is not None and dist.nnodes > 1 and all(_lost_a_peer(run_dir, s, launcher) for s in culprits):
         return _another_node(run_dir, launcher, returncode, dist, culprits)
-    lines = []
-    for s in culprits:
-        why = f"failed: {s['error']}" if s["status"] == "failed" else "stopped without reporting (killed by a signal?)"
-        lines.append(f"{_name_of(s)} {why}")
+    lines = [f"{_name_of(s)} {_why(s)}" for s in culprits]
     for role, what in (
         ("followers", "then lost the connection to it"),
         ("stopped", "were then stopped by the launcher"),

@@ -30,6 +30,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from unitrain.errors import UnitrainError
+from unitrain.tasks.registry import task_of
 from unitrain.train.objective import direction, searching
 
 __all__ = ["completed", "dimensions", "distribution", "grid", "plain", "resuming", "searching", "space"]
@@ -220,7 +221,7 @@ def completed(cfg: DictConfig, overrides: List[str]) -> Dict[str, str]:
     against the objective's, a space, trial count, sampler or storage Optuna cannot take, a study
     over another search space and one with nothing left to run; a refusal leaves nothing behind."""
     sweeper, given = cfg.hydra.sweeper, {o.split("=")[0].lstrip("+~") for o in overrides}
-    wanted = direction(cfg.objective, cfg.data.name == "text")
+    wanted = direction(cfg.objective, task_of(cfg).measure)
     if "hydra.sweeper.direction" in given and str(_name(sweeper.direction)) != wanted:
         raise SearchRefused(
             f"hydra.sweeper.direction={_name(sweeper.direction)!r} is not allowed with "

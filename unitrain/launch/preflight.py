@@ -22,11 +22,11 @@ from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationE
 
 from unitrain.config.schema import ObjectiveConfig
 from unitrain.config.validation import changed_from_schema
-from unitrain.data.datasets import DATASETS, has_held_out
 from unitrain.errors import UnitrainError
 from unitrain.host.atomic import cannot_create_in
 from unitrain.host.threads import available_cores
 from unitrain.launch import hyperparameter_search
+from unitrain.tasks import task_of
 
 #: OmegaConf's words for a value outside an Enum.
 _CHOICE = re.compile(r"Invalid value '(.*)', expected one of \[(.*)\]")
@@ -211,14 +211,7 @@ def check(
     (hydra/sweeper=optuna) is checked at every end of its space; returns the overrides it adds."""
     overrides = _overrides(args)
     multirun = "-m" in args or "--multirun" in args
-    given = [o for o in overrides if o.lstrip("+~").startswith("hydra.sweeper.params.")]
-    if given:
-        key, _, value = given[0].lstrip("+~").partition("=")
-        dimension = f"{key[len('hydra.sweeper.params.') :]}={value.strip(chr(39))}"
-        raise PreflightError(
-            f"{key}={value} is not allowed on the command line (the key's dots would nest it); allowed: "
-            f"{dimension} on the command line, or hydra.sweeper.params in an experiment's YAML"
-        )
+    _check_no_sweeper_params(overrides)
     try:
         if multirun and config_name == "config":
             (first,) = _composed(config_module, config_name, [hyperparameter_search.plain(overrides)])
@@ -229,32 +222,53 @@ def check(
         raise PreflightError(one_line(err)) from None
     except UnitrainError as err:
         raise PreflightError(str(err)) from None
-    cfgs = _composed(config_module, config_name, runs)
-    for run, cfg in zip(runs, cfgs):
+    for run, cfg in zip(runs, _composed(config_module, config_name, runs)):
         _check_values(run, cfg, validate)
         if config_name == "config":
             _check_objective_unread(cfg)
         if multirun:
-            sweep_dir = Path(OmegaConf.select(cfg, "hydra.sweep.dir")).resolve()
-            _writable_dir("hydra.sweep.dir", sweep_dir)
-            taken = [p for p in sweep_dir.glob("*/") if _earlier_results(p)]
-            if taken:
-                raise PreflightError(
-                    f"hydra.sweep.dir={str(sweep_dir)!r} is not allowed: it holds an earlier sweep's results "
-                    f"({taken[0].name}/); "
-                    "allowed: a new directory (leave hydra.sweep.dir unset for a fresh one)"
-                )
-            continue
-        run_dir = Path(OmegaConf.select(cfg, "hydra.run.dir")).resolve()
-        _writable_dir("hydra.run.dir", run_dir)
-        earlier = _earlier_results(run_dir)
-        if earlier and not _resumes_into(OmegaConf.select(cfg, "trainer.resume"), run_dir):
-            raise PreflightError(
-                f"hydra.run.dir={str(run_dir)!r} is not allowed: it holds an earlier run's results ({earlier.name}), "
-                "which "
-                "this run would replace; allowed: a new directory, or trainer.resume=<that run dir> to continue it"
-            )
+            _check_sweep_dir(cfg)
+        else:
+            _check_run_dir(cfg)
     return {}
+
+
+def _check_no_sweeper_params(overrides: List[str]) -> None:
+    """``hydra.sweeper.params.<key>=...`` on the command line: the key's dots would nest it."""
+    given = [o for o in overrides if o.lstrip("+~").startswith("hydra.sweeper.params.")]
+    if given:
+        key, _, value = given[0].lstrip("+~").partition("=")
+        dimension = f"{key[len('hydra.sweeper.params.') :]}={value.strip(chr(39))}"
+        raise PreflightError(
+            f"{key}={value} is not allowed on the command line (the key's dots would nest it); allowed: "
+            f"{dimension} on the command line, or hydra.sweeper.params in an experiment's YAML"
+        )
+
+
+def _check_sweep_dir(cfg: DictConfig) -> None:
+    """A sweep's directory: writable, and holding no earlier sweep's results."""
+    sweep_dir = Path(OmegaConf.select(cfg, "hydra.sweep.dir")).resolve()
+    _writable_dir("hydra.sweep.dir", sweep_dir)
+    taken = [p for p in sweep_dir.glob("*/") if _earlier_results(p)]
+    if taken:
+        raise PreflightError(
+            f"hydra.sweep.dir={str(sweep_dir)!r} is not allowed: it holds an earlier sweep's results "
+            f"({taken[0].name}/); "
+            "allowed: a new directory (leave hydra.sweep.dir unset for a fresh one)"
+        )
+
+
+def _check_run_dir(cfg: DictConfig) -> None:
+    """A run's directory: writable, and holding no earlier run's results unless the run resumes into it."""
+    run_dir = Path(OmegaConf.select(cfg, "hydra.run.dir")).resolve()
+    _writable_dir("hydra.run.dir", run_dir)
+    earlier = _earlier_results(run_dir)
+    if earlier and not _resumes_into(OmegaConf.select(cfg, "trainer.resume"), run_dir):
+        raise PreflightError(
+            f"hydra.run.dir={str(run_dir)!r} is not allowed: it holds an earlier run's results ({earlier.name}), "
+            "which "
+            "this run would replace; allowed: a new directory, or trainer.resume=<that run dir> to continue it"
+        )
 
 
 def _check_objective_unread(cfg: DictConfig) -> None:
@@ -293,7 +307,7 @@ def _check_search(
                 raise PreflightError(where + str(err)) from None
     if first.trainer.repeats != 1:
         raise PreflightError(f"trainer.repeats={first.trainer.repeats} is not allowed in a search: 1 (one run a trial)")
-    if first.data.name in DATASETS and not has_held_out(first.data):
+    if not task_of(first).has_held_out(first.data):
         raise PreflightError(
             f"data={first.data.name} without a held-out set is not allowed in a search: its objective is held-out "
             "top-1; allowed: data.val_samples=N (synthetic data), data.val_path (image folders), or fashion_mnist"

@@ -113,7 +113,10 @@ def run_isolated(cfg: UnitrainConfig, run_dir: str | Path) -> Optional[Dict[str,
     if returncode != 0:
         failed = [s for s in worker_statuses(run_dir) if s["status"] == "failed" and s.get("user_error")]
         if failed:
-            raise (Refusal if failed[0].get("refusal") else UnitrainError)(failed[0]["error"])
+            # The process printed it on this console already: the error says so, and keeps its status.
+            err = (Refusal if failed[0].get("refusal") else UnitrainError)(failed[0]["error"])
+            err.exit_code, err.already_said = failed[0].get("exit_code", returncode), True
+            raise err
         raise WorkerFailedError(f"the training process exited with code {returncode}")
     return finished(run_dir)
 

@@ -9,17 +9,19 @@ from typing import Any, Optional
 import numpy as np
 
 from unitrain.interface.backend import Backend, Native
+from unitrain.interface.hf import hf_module
 from unitrain.interface.models import models_module
 from unitrain.model.custom import CustomModel, sized
 from unitrain.model.pairing import shared_initial_state, table
 from unitrain.model.weights import from_canonical, to_canonical
+from unitrain.spec.hf import HfSpec, read_weights
 from unitrain.spec.initial_weights import gpt_init, shared_init
 from unitrain.spec.models import MODELS, GPTSpec, ResNetSpec, ViTSpec
 
 
 def build_model(
     backend: Backend,
-    model: str | ResNetSpec | ViTSpec | GPTSpec | CustomModel,
+    model: str | ResNetSpec | ViTSpec | GPTSpec | CustomModel | HfSpec,
     num_classes: int,
     *,
     image_size: Optional[int] = None,
@@ -35,8 +37,13 @@ def build_model(
     ``image_size`` sizes a ViT named by its name for those images (its patch grid);
     ``init="shared"`` loads weights drawn in NumPy from ``seed``: the same on every framework.
     A GPT's vocabulary is ``num_classes`` tokens; ``dropout`` (model.dropout) replaces its spec's,
-    and is ignored by the other models.
+    and is ignored by the other models. An :class:`~unitrain.spec.hf.HfSpec` (model=hf) is built
+    with its checkpoint's weights: ``init``, ``num_classes`` and ``dropout`` do not apply (its
+    vocabulary is its config.json's; validation refuses model.init=shared).
     """
+    if isinstance(model, HfSpec):
+        net = hf_module(backend.name).build_hf(model, read_weights(model))
+        return net.to(device) if device and device != "cpu" else net
     if isinstance(model, str) and image_size:
         model = sized(model, image_size)
     spec: Any = MODELS.get(model) if isinstance(model, str) else model

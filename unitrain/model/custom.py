@@ -11,40 +11,36 @@ entry-point form ``pkg.module:function``; both resolve with ``hydra.utils.get_me
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import logging
-import os
-import sys
-import traceback
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
-from unitrain.data.datasets import DATASETS
-from unitrain.data.text import check_text_files
 from unitrain.errors import ConfigError, UnitrainError
 from unitrain.interface.backend import get_backend
 from unitrain.interface.data import data_module
-from unitrain.interface.models import models_module
 from unitrain.interface.modules import available_backends
 from unitrain.interface.translate import translate_module
 from unitrain.model.pairing import tied
-from unitrain.model.translate import (
-    CONVERT,
-    RUN_COPY,
-    ConversionRefused,
-    Translation,
-    did_you_mean,
-    factory_parts,
-    find_source,
-    run_copy,
-    translate,
+from unitrain.model.translate import CONVERT, RUN_COPY, ConversionRefused, Translation, find_source, run_copy, translate
+from unitrain.model.user_code import (
+    check_model,
+    describe_output,
+    failed_at,
+    given,
+    logits_of,
+    pick_logits,
+    resolve_factory,
+    what_it_said,
+    where_it_failed,
 )
+from unitrain.spec.hf import HF, read_config
 from unitrain.spec.models import CUSTOM, MODELS, ViTSpec
+from unitrain.tasks import task_for_data, task_of
 
 log = logging.getLogger("unitrain")
 
@@ -112,9 +108,13 @@ class CustomModel:
             if path == CONVERT:
                 self._converted_failed(backend, arguments, err)
             raise ConfigError(
-                f"model.{backend}", path, f"a factory that builds the model; it failed at {_where(err)}: {_said(err)}"
+                f"model.{backend}",
+                path,
+                f"a factory that builds the model{given(self.kwargs)}; it failed at {failed_at(err)}",
             ) from None
         check_model(backend, path, model)
+        # What its calls return is its logits, also where it returns (logits, ...) or .logits.
+        pick_logits(get_backend(backend), model)
         # The names its state gives one tensor twice, for the pairing and model.init=shared of
         # the model just built (unitrain.model.pairing).
         tied(get_backend(backend), model, known=False)
@@ -132,51 +132,76 @@ class CustomModel:
             raise
         except Exception as own:  # noqa: BLE001 - the user's code failing: one line that says where
             raise ConfigError(
-                f"model.{source}", path, f"a factory that builds the model; it failed at {_where(own)}: {_said(own)}"
+                f"model.{source}",
+                path,
+                f"a factory that builds the model{given(self.kwargs)}; it failed at {failed_at(own)}",
             ) from None
         raise ConversionRefused(
-            f"model.{backend}=convert: building the converted model failed at {_where(err)} (your {source} factory "
-            f"builds): {_said(err)}; allowed: code that converts to calls {backend} takes, or a "
+            f"model.{backend}=convert: building the converted model failed at {where_it_failed(err)} (your {source} "
+            f"factory builds): {what_it_said(err)}; allowed: code that converts to calls {backend} takes, or a "
             f"{backend} half of your own"
         ) from None
 
     def check_output(self, backend: str, data: Any) -> int:
         """The model ``backend``'s factory builds (converted or not) for the data a DataConfig
-        ``data`` describes gives logits of the shape training needs, on one batch: [batch,
-        classes] for images, [batch, time, vocab] for token ids; else one line naming the
-        factory the user wrote, the shape it gave and the one wanted. Returns the class count
-        (the vocabulary) it was built for (:func:`classes_of`)."""
+        ``data`` describes gives logits of the shape training needs, on one batch, in evaluation
+        mode and in training mode (what only training returns, an auxiliary output, a tuple):
+        [batch, classes] for images, [batch, time, vocab] for token ids, itself or picked from
+        ``(logits, ...)`` or ``.logits`` (:func:`~unitrain.model.user_code.logits_of`); else one
+        line naming the factory the user wrote, what the model returned and what is wanted. A
+        converted model that fails where the user's own runs is the conversion's
+        (:class:`ConversionRefused`). Returns the class count (the vocabulary) it was built for
+        (:func:`classes_of`)."""
         num_classes = classes_of(data)
-        model = self.build(backend, num_classes)
+        samples = ProbeSamples(self, num_classes, count=2)
         # The factory the user wrote: with model.<backend>=convert, the one converted from.
         written = self.written_half(backend)
-        key, path = f"model.{written}", self.factory_path(written)
-        samples = ProbeSamples(self, num_classes, count=2)
-        inputs, _ = next(iter(data_module(backend).make_loader(samples, [[0, 1]])))
-        model.eval()
-        try:
-            output = model(inputs)
-        except (UnitrainError, MemoryError):
-            raise
-        except Exception as err:  # noqa: BLE001 - the user's model failing: one line that says where
-            said = f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}"
-            raise ConfigError(
-                key, path, f"a model that takes {samples.describe()}; it failed at {_where(err)}: {said}"
-            ) from None
-        try:
-            shape = tuple(get_backend(backend).to_numpy(output).shape)
-        except Exception:  # noqa: BLE001 - not a tensor: a tuple, a dict of outputs
-            raise ConfigError(
-                key,
-                path,
-                f"a model whose output is one tensor of logits {samples.wanted()}; it returned a "
-                f"{type(output).__name__}",
-            ) from None
-        if shape != samples.wanted_shape():
-            raise ConfigError(
-                key, path, f"a model giving logits {samples.wanted()} for {samples.describe()}; it gave {list(shape)}"
+        problem = self._probe(backend, samples, "it" if written == backend else "the converted half")
+        if problem is None:
+            return num_classes
+        if written != backend:
+            own = self._probe(written, samples, "it")
+            if own is None:  # the user's model runs: the conversion's
+                raise ConversionRefused(
+                    f"model.{backend}=convert: {problem[1]}, where your {written} model gives logits "
+                    f"{samples.wanted()}; allowed: code that converts to calls {backend} takes (see docs/models.md), "
+                    f"or a {backend} half of your own"
+                )
+            problem = own
+        raise ConfigError(f"model.{written}", self.factory_path(written), "; ".join(problem))
+
+    def _probe(self, backend: str, samples: "ProbeSamples", subject: str) -> Optional[Tuple[str, str]]:
+        """What is wrong with the ``backend`` model's output on ``samples``, in evaluation mode,
+        then in training mode: (what is allowed, what ``subject``, the model, did), or None."""
+        model = self.build(backend, samples.num_classes)
+        inputs, _ = next(iter(data_module(backend).make_loader(samples, [list(range(samples.count))])))
+        for training in (False, True):
+            (model.train if training else model.eval)()
+            mode = "in training mode (random layers on) " if training else ""
+            try:
+                output = model(inputs)
+            except (UnitrainError, MemoryError):
+                raise
+            except Exception as err:  # noqa: BLE001 - the user's model failing: one line that says where
+                return f"a model that takes {samples.describe()}", f"{mode}{subject} failed at {failed_at(err)}"
+            shape = _shape(backend, output)
+            if shape == list(samples.wanted_shape()):
+                continue
+            # What the model's own forward returns: a call of forward runs no hook of the model
+            # itself, so not pick_logits'.
+            raw = model.forward(inputs)
+            if shape is not None and logits_of(raw) is raw:  # one tensor, of another shape
+                return (
+                    f"a model giving logits {samples.wanted()} for {samples.describe()}",
+                    f"{mode}{subject} gave {shape}",
+                )
+            returned = describe_output(raw, lambda x: _shape(backend, x))
+            allowed = (
+                f"a model whose output is logits {samples.wanted()}: one tensor, the first of a tuple "
+                "(logits, ...) or an output's .logits"
             )
-        return num_classes
+            return allowed, f"{mode}{subject} returned {returned}"
+        return None
 
     def written_half(self, backend: str) -> str:
         """The backend whose factory the user wrote for ``backend``'s model: itself, or where
@@ -225,6 +250,14 @@ class CustomModel:
         }
 
 
+def _shape(backend: str, output: Any) -> Optional[list]:
+    """A tensor's shape, or None for anything else (a tuple, a dict of outputs)."""
+    try:
+        return list(get_backend(backend).to_numpy(output).shape)
+    except Exception:  # noqa: BLE001 - not a tensor of this framework
+        return None
+
+
 class ProbeSamples:
     """A few samples of what a pair's models take, to check them on: random images
     [3, image_size, image_size], or token ids [block_size] in [0, vocab), with labels."""
@@ -261,66 +294,6 @@ class ProbeSamples:
             return f"{self.count} rows of {self.pair.block_size} int64 token ids"
         size = self.pair.image_size
         return f"{self.count} images [3, {size}, {size}]"
-
-
-def failed_at(err: BaseException) -> str:
-    """Where the user's (or the converted) code failed and what it said, for one line."""
-    return f"{_where(err)}: {_said(err)}"
-
-
-def _said(err: BaseException) -> str:
-    text = str(err).strip()
-    return f"{type(err).__name__}: {text.splitlines()[0] if text else ''}"
-
-
-def _where(err: BaseException) -> str:
-    """The last line of the user's (converted) code a failure passed through."""
-    frames = traceback.extract_tb(err.__traceback__)
-    converted = [f for f in frames if "unitrain_converted_" in f.filename]
-    last = (converted or frames)[-1]
-    # The translated copy is reformatted: its line numbers are not the source's.
-    copy = " of the converted copy" if converted else ""
-    return f"{Path(last.filename).name}:{last.lineno}{copy} ({(last.line or '').strip()})"
-
-
-def check_model(backend: str, path: str, model: Any) -> None:
-    """What a factory returns is the framework's model, or the job stops in one line."""
-    if not models_module(backend).is_model(model):
-        raise ConfigError(
-            f"model.{backend}",
-            path,
-            f"a factory that returns a {backend} model (it returned {type(model).__module__}.{type(model).__name__})",
-        )
-
-
-def resolve_factory(key: str, path: str) -> Any:
-    """The function an import path names, imported; a wrong path is one line."""
-    # The launchers start workers by script path, which puts the script's folder first on
-    # sys.path, not the folder the user ran the command from, where their package lives.
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
-    module_name, function = factory_parts(path)
-    allowed = "an importable function (pkg.module:function)"
-    if not module_name or not function:
-        raise ConfigError(key, path, allowed)
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        raise ConfigError(key, path, f"{allowed}; no module {err.name!r} on the path") from None
-    except Exception as err:  # noqa: BLE001 - the user's module failing on import: one line that says where
-        raise ConfigError(key, path, f"{allowed}; importing {module_name} failed at {_where(err)}: {err}") from None
-    factory = getattr(module, function, None)
-    if factory is not None and not callable(factory):
-        raise ConfigError(
-            key, path, f"{allowed}; {module_name}.{function} is {_a(type(factory).__name__)}, not a function"
-        )
-    if not callable(factory):
-        raise ConfigError(key, path, f"{allowed}; {module_name}{did_you_mean(function, dir(module))}")
-    return factory
-
-
-def _a(noun: str) -> str:
-    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _convert_allowed(backend: str, source: Optional[str]) -> str:
@@ -365,14 +338,10 @@ def custom_model(model_cfg: Any, image_size: int, block_size: Optional[int] = No
 
 
 def classes_of(data: Any) -> int:
-    """The class count a job's factory is built for, in the main process, without loading the
-    data (the vocabulary for data=text: the corpus's characters, or data.vocab_size for BPE)."""
-    if data.name == "text":
-        return len(check_text_files(data).alphabet) if str(data.tokenizer) == "char" else int(data.vocab_size)
-    if data.name == "imagefolder":
-        return sum(1 for entry in os.scandir(data.path) if entry.is_dir())
-    count = getattr(DATASETS.get(data.name), "num_classes", None)
-    return count if isinstance(count, int) else int(data.num_classes)
+    """The class count a job's factory is built for, as its task reads it in the main process
+    without loading the data (the vocabulary for data=text: the corpus's characters, or
+    data.vocab_size for BPE; an image folder's class sub-directories)."""
+    return task_for_data(data.name).classes(data)
 
 
 def factory_kwargs(kwargs: Any) -> Dict[str, Any]:
@@ -399,8 +368,10 @@ def sized(name: str, image_size: int) -> "str | ViTSpec":
 def model_ref(cfg: Any) -> "str | ViTSpec | CustomModel":
     """What :func:`unitrain.model.build.build_model` takes for a job's config: a built-in model, or the pair."""
     if cfg.model.name == CUSTOM:
-        text = cfg.data.name == "text"
-        return custom_model(cfg.model, cfg.data.image_size, cfg.data.block_size if text else None)
+        # Tokens per sample (text factories) where the task has them, else image factories.
+        return custom_model(cfg.model, cfg.data.image_size, task_of(cfg).block_size(cfg))
+    if cfg.model.name == HF:
+        return read_config(cfg.model.path)
     return sized(cfg.model.name, cfg.data.image_size)
 
 

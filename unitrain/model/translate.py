@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from unitrain.errors import ConfigError, Refusal
+from unitrain.host import processes
 from unitrain.host.cache import cache_dir
 from unitrain.interface.translate import FileTranslation, Unconverted, translate_module
 from unitrain.model.translation.cache import CONTENTS, clean_leftovers, contents, damaged, digest, discard
@@ -43,6 +44,7 @@ from unitrain.model.translation.source import (  # noqa: F401 - find_source: the
     factory_parts,
     find_source,
 )
+from unitrain.model.user_code import factory_in
 
 #: The factory value that asks for a translated half.
 CONVERT = "convert"
@@ -74,14 +76,11 @@ class Translation:
     def factory(self) -> Callable[..., Any]:
         if str(self.directory) not in sys.path:
             sys.path.insert(0, str(self.directory))
+        processes.user_code_loaded()
         module = importlib.import_module(f"{self.alias}.{self.source.module}")
-        if not callable(getattr(module, self.source.function, None)):
-            raise ConfigError(
-                self.source.key,
-                f"{self.source.module}:{self.source.function}",
-                f"a function of {self.source.module}{did_you_mean(self.source.function, dir(module))}",
-            )
-        return getattr(module, self.source.function)
+        # The converted module's names are the user's: refused as the user's own module would be.
+        path = f"{self.source.module}:{self.source.function}"
+        return factory_in(self.source.key, path, module, self.source.module, self.source.function)
 
 
 def _translation(directory: Path, alias: str, source: Source) -> Translation:

@@ -25,6 +25,7 @@ from unitrain.data.criteo_files import (
     shares,
 )
 from unitrain.errors import ConfigError
+from unitrain.tasks.click_through import from_files
 
 #: Rows of data=criteo_synthetic when data.num_samples / data.val_samples are unset.
 DEFAULT_ROWS, DEFAULT_HELD_OUT = 20_000, 4_000
@@ -41,9 +42,9 @@ class JobData:
 
 def job_data(cfg: Any, index: int, trainers: int, held_out: bool) -> JobData:
     """Trainer ``index``'s share of the job's rows and, when asked, the held-out rows."""
-    if cfg.data.name == "criteo_synthetic":
-        return _synthetic(cfg, index, trainers, held_out)
-    return _files(cfg, index, trainers, held_out)
+    if from_files(cfg.data):
+        return _files(cfg, index, trainers, held_out)
+    return _synthetic(cfg, index, trainers, held_out)
 
 
 def _synthetic(cfg: Any, index: int, trainers: int, held_out: bool) -> JobData:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from unitrain.config.schema import Logger
+from unitrain.report import failed_jobs
 from unitrain.report import hyperparameter_search as search_report
 from unitrain.report.runs import results_under
 from unitrain.report.training import write_report
@@ -21,6 +23,7 @@ class ComparisonReport(Callback):
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(config.hydra.sweep.dir)
+        failed_jobs.forget(sweep_dir)
         if searching(config.hydra) or Logger.mlflow in config.trainer.loggers:
             # Hydra's launcher makes it later; a search's study and MLflow's store live in it.
             sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -47,6 +50,10 @@ class ComparisonReport(Callback):
             mlflow_runs.log_files(sweep, [sweep_dir / name for name in mlflow_runs.RUN_FILES + ("multirun.yaml",)])
             mlflow_runs.log_files(sweep, sorted(sweep_dir.glob("*.png")), "plots")
             sweep.client().set_terminated(sweep.run_id, "FINISHED")
+        failed = failed_jobs.read(sweep_dir)
+        if failed:  # each said why as it ended; the sweep's status says that some did
+            print(f"unitrain: error: {failed_jobs.summary_line(failed)}", file=sys.stderr, flush=True)
+            sys.exit(failed_jobs.exit_status(failed))
 
 
 class QuantizationReport(Callback):

@@ -23,6 +23,8 @@ from omegaconf import OmegaConf
 
 from unitrain.report import style
 from unitrain.report.runs import results_under
+from unitrain.tasks.registry import task_of
+from unitrain.tasks.task import Measure
 from unitrain.train import objective
 
 #: A search's record (written as it starts): its config, search space and overrides included.
@@ -36,7 +38,7 @@ class Trial:
     settings: Dict[str, str]
     finished: bool
     seconds: Optional[float]  # the job's wall time
-    to_target: Optional[float]  # seconds until the held-out top-1 first reached the target
+    to_target: Optional[float]  # seconds until the task's held-out measure first reached the target
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,7 +50,7 @@ class Search:
     space: Dict[str, str]
     budget: str
     trials: List[Trial]
-    target: Optional[float]  # the held-out top-1 the times are to: the objective's, or the report's
+    target: Optional[float]  # the held-out measure the times are to: the objective's, or the report's
 
     def best(self) -> Optional[Trial]:
         done = [t for t in self.trials if math.isfinite(t.value)]
@@ -83,13 +85,13 @@ def _search(sweep_dir: Path, sweep: Dict[str, Any], sweeper: Dict[str, Any], tar
             space[key] = value
     cfg = OmegaConf.create({k: v for k, v in sweep.items() if k != "hydra"})
     goal = target if target is not None else cfg.objective.target
-    text = cfg.data.name == "text"
-    trials = [_trial(job, cfg.objective, space, goal, text) for job in _jobs(sweep_dir)]
+    measure = task_of(cfg).measure
+    trials = [_trial(job, cfg.objective, space, goal, measure) for job in _jobs(sweep_dir)]
     return Search(
         sweep_dir=sweep_dir,
         framework=str(cfg.backend.name),
         metric=str(cfg.objective.metric),
-        direction=objective.direction(cfg.objective, cfg.data.name == "text"),
+        direction=objective.direction(cfg.objective, measure),
         space=space,
         budget=f"{cfg.trainer.steps or cfg.trainer.epochs} {'steps' if cfg.trainer.steps else 'epochs'} of "
         f"{cfg.trainer.batch_size} on {cfg.data.name}",
@@ -111,16 +113,16 @@ def _summary(job: Path) -> Optional[Dict[str, Any]]:
         return None  # the trial failed, or was killed
 
 
-def _trial(job: Path, goal_cfg: Any, space: Dict[str, str], target: Optional[float], text: bool) -> Trial:
+def _trial(job: Path, goal_cfg: Any, space: Dict[str, str], target: Optional[float], measure: Measure) -> Trial:
     overrides = dict(str(o).split("=", 1) for o in yaml.safe_load((job / ".hydra" / "overrides.yaml").read_text()))
     summary = _summary(job)
     return Trial(
         number=int(job.name.split("_")[0]),
-        value=objective.value(goal_cfg, summary, job, text),
+        value=objective.value(goal_cfg, summary, job, measure),
         settings={key: overrides.get(key, "?") for key in space},
         finished=summary is not None,
         seconds=(summary or {}).get("wall_time_s"),
-        to_target=objective.seconds_to(target, job / "metrics.jsonl", text) if target is not None else None,
+        to_target=objective.seconds_to(target, job / "metrics.jsonl", measure) if target is not None else None,
     )
 
 

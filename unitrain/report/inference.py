@@ -9,18 +9,21 @@ from unitrain.host.machine import describe_cpu
 from unitrain.report import style
 from unitrain.report.intervals import how_pairs_ran, ratio_text
 from unitrain.report.tables import markdown as md_table
+from unitrain.tasks.registry import task_of_inputs
+from unitrain.tasks.task import Deployed, Task
 
 
 # --- the report -------------------------------------------------------------------------------
-def is_text(result: Dict[str, Any]) -> bool:
-    """Whether every model timed is a language model (token windows in, not images)."""
-    return result.get("inputs") == ["tokens"]
+def task_of_result(result: Dict[str, Any]) -> Task:
+    """The task of every model timed, from the input kinds the result records (token windows in:
+    a language model; a mix, or none recorded: images')."""
+    return task_of_inputs(result.get("inputs") or ())
 
 
 def table_rows(result: Dict[str, Any]) -> List[Dict[str, str]]:
     small, large = min(result["batches"]), max(result["batches"])
     reference = result.get("reference")
-    text = is_text(result)
+    shown = task_of_result(result).deployed
     rows = []
     for r in result["rows"]:
         lat = r.get("latency", {})
@@ -35,18 +38,28 @@ def table_rows(result: Dict[str, Any]) -> List[Dict[str, str]]:
             f"p99 ms (batch {small})": f"{b1['p99_ms']:.2f}" if b1 else "-",
             f"speed vs {_first(reference)}": _ratio_cell(r, reference),
         }
-        if text:
-            # A language model's sample is a window of tokens, every position predicted in one run.
-            row[f"samples/s (batch {large})"] = f"{bn['throughput_ips']:.1f}" if bn else "-"
-            row[f"tokens/s (batch {large})"] = f"{bn['tokens_per_s']:.0f}" if bn and "tokens_per_s" in bn else "-"
-            row["held-out next-token top-1"] = f"{scored['top1']:.4f}" if scored else "-"
-            row["held-out loss"] = f"{scored['loss']:.4f}" if scored and "loss" in scored else "-"
-        else:
-            row[f"img/s (batch {large})"] = f"{bn['throughput_ips']:.1f}" if bn else "-"
-            row["held-out top-1"] = f"{scored['top1']:.4f}" if scored else "-"
+        row.update(_scored_cells(shown, bn, scored, large))
         row["what ran"] = _what_ran(r)
         rows.append(row)
     return rows
+
+
+def _scored_cells(
+    shown: Deployed, bn: Dict[str, Any] | None, scored: Dict[str, Any] | None, large: int
+) -> Dict[str, str]:
+    """Throughput at the largest batch and the held-out scores, as the task shows them."""
+    if not shown.per_position:
+        return {
+            f"{shown.rate_unit} (batch {large})": f"{bn[shown.rate_key]:.1f}" if bn else "-",
+            shown.top1_label: f"{scored['top1']:.4f}" if scored else "-",
+        }
+    # A language model's sample is a window of tokens, every position predicted in one run.
+    return {
+        f"samples/s (batch {large})": f"{bn['throughput_ips']:.1f}" if bn else "-",
+        f"{shown.rate_unit} (batch {large})": f"{bn[shown.rate_key]:.0f}" if bn and shown.rate_key in bn else "-",
+        shown.top1_label: f"{scored['top1']:.4f}" if scored else "-",
+        "held-out loss": f"{scored['loss']:.4f}" if scored and "loss" in scored else "-",
+    }
 
 
 def _first(reference: Dict[str, Any] | None) -> str:
@@ -77,7 +90,7 @@ def _what_ran(row: Dict[str, Any]) -> str:
 
 
 def markdown(result: Dict[str, Any]) -> str:
-    if is_text(result):
+    if task_of_result(result).deployed.per_position:
         tokens = next((r["tokens_per_sample"] for r in result["rows"] if r.get("tokens_per_sample")), "?")
         scored = (
             f"A sample is a window of {tokens} token ids; tokens/s = samples/s x {tokens} (every position's next "
@@ -108,14 +121,10 @@ def plot(result: Dict[str, Any], path: Path) -> Path:
     colors = style.colors()
     fig, axes = plt.subplots(1, 2, figsize=(12, max(3, 0.45 * len(ok) + 1.5)))
     labels = [f"{r['runtime']}\n{r['name']}" for r in ok]
+    shown = task_of_result(result).deployed
     for ax, batch, key, title in (
         (axes[0], small, "p50_ms", f"latency at batch {small} (ms; p50, bar to p99)"),
-        (
-            axes[1],
-            large,
-            "tokens_per_s" if is_text(result) else "throughput_ips",
-            f"throughput at batch {large} ({'tokens' if is_text(result) else 'images'}/s)",
-        ),
+        (axes[1], large, shown.rate_key, f"throughput at batch {large} ({shown.rate_axis})"),
     ):
         values = [r["latency"].get(batch, {}).get(key, 0.0) for r in ok]
         err = None

@@ -13,6 +13,8 @@ from typing import List
 
 from unitrain.report.runs import Run
 from unitrain.report.stats import throughput
+from unitrain.tasks.registry import common_task
+from unitrain.tasks.task import Task
 
 
 def plot(groups: List[List[Run]], out: Path) -> List[Path]:
@@ -48,15 +50,17 @@ def _curves(groups: List[List[Run]]):
     return fig
 
 
-def _is_text(groups: List[List[Run]]) -> bool:
-    """Language models: their held-out loss is the measure, their rate tokens/s."""
-    return all(g[0].summary.get("text") for g in groups)
+def _task(groups: List[List[Run]]) -> Task:
+    """The task every row ran (a language model's measure is its held-out loss, its rate
+    tokens/s); a classifier's where the rows differ (held-out top-1, samples/s)."""
+    return common_task(g[0].task for g in groups)
 
 
 def _held_out_curves(groups: List[List[Run]]):
     import matplotlib.pyplot as plt
 
-    key, name = ("val_loss", "held-out loss") if _is_text(groups) else ("val_top1", "held-out top-1")
+    measure = _task(groups).measure
+    key, name = measure.key, measure.label
     fig, (ax_step, ax_time) = plt.subplots(1, 2, figsize=(11, 4))
     for group in groups:
         for j, run in enumerate(group):
@@ -83,9 +87,9 @@ def _throughput_bars(groups: List[List[Run]]):
     import matplotlib.pyplot as plt
 
     labels = [g[0].label for g in groups]
-    text = _is_text(groups)
+    task = _task(groups)
     # A language model's rate in tokens: every position of a sample is a prediction.
-    per = [int(g[0].summary["text"]["block_size"]) if text else 1 for g in groups]
+    per = [task.summary_rate(g[0].summary) for g in groups]
     t = [throughput(g) for g in groups]
     fig, ax = plt.subplots(figsize=(max(5, 1.4 * len(groups)), 4))
     medians = [x["median"] * k for x, k in zip(t, per)]
@@ -94,7 +98,7 @@ def _throughput_bars(groups: List[List[Run]]):
         [x["high"] * k - m for m, x, k in zip(medians, t, per)],
     ]
     ax.bar(labels, medians, yerr=errors, capsize=4, color="tab:blue")
-    ax.set(title="throughput (median, spread)", ylabel="tokens/s" if text else "samples/s")
+    ax.set(title="throughput (median, spread)", ylabel=task.rate_unit)
     ax.tick_params(axis="x", rotation=20)
     fig.tight_layout()
     return fig

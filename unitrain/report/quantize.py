@@ -13,6 +13,8 @@ from unitrain.host.machine import describe_cpu
 from unitrain.report import style
 from unitrain.report.intervals import how_pairs_ran, ratio_text
 from unitrain.report.runs import results_under
+from unitrain.tasks.registry import task_of_inputs
+from unitrain.tasks.task import Deployed
 
 RESULT = "quantize.json"
 
@@ -42,52 +44,56 @@ def table(
     """One row per artifact and runtime, set against the fp32 artifact of the same format in
     the same runtime; ``methods`` names the quantized artifacts' methods (the rest are fp32),
     ``speedups`` their speed-ups as interleaved pairs (``deploy.speed_ratio``) by (file, runtime)."""
-    out = []
-    for r in rows:
-        precision = methods.get(r["name"], "fp32")
-        out.append(
-            {
-                "precision": precision,
-                "framework": r["framework"],
-                "format": r["format"],
-                "runtime": r["runtime"],
-                "file": r["name"],
-                "bytes": sizes.get(r["name"]),
-                "top1": r.get("accuracy", {}).get("top1"),
-                "loss": r.get("accuracy", {}).get("loss"),
-                "latency": r.get("latency", {}),
-                "effective": effective(r.get("observed", {}).get("kernels"))
-                if "error" not in r
-                else f"FAILED: {r['error']}",
-                "kernels": r.get("observed", {}).get("kernels"),
-                "baseline_runtime": r.get("baseline_runtime", r["runtime"]),
-            }
-        )
+    out = [_row(r, sizes, methods) for r in rows]
     for row in out:
-        base = next(
-            (
-                b
-                for b in out
-                if b["precision"] == "fp32" and b["format"] == row["format"] and b["runtime"] == row["baseline_runtime"]
-            ),
-            None,
-        )
-        row["size_vs_fp32"] = row["bytes"] / base["bytes"] if base and row["bytes"] and base["bytes"] else None
-        row["top1_delta_points"] = (
-            100 * (row["top1"] - base["top1"])
-            if base and row["top1"] is not None and base["top1"] is not None
-            else None
-        )
-        row["loss_delta"] = (
-            row["loss"] - base["loss"] if base and row["loss"] is not None and base["loss"] is not None else None
-        )
-        measured = speedups.get((row["file"], row["runtime"]))
-        row["speedup"] = (
-            {str(measured["batch"]): measured}
-            if measured and "batch" in measured
-            else ({"error": measured["error"]} if measured else {})
-        )
+        _against_fp32(row, out, speedups)
     return out
+
+
+def _row(r: Dict[str, Any], sizes: Dict[str, int], methods: Dict[str, str]) -> Dict[str, Any]:
+    """What one runtime measured of one artifact."""
+    return {
+        "precision": methods.get(r["name"], "fp32"),
+        "framework": r["framework"],
+        "format": r["format"],
+        "runtime": r["runtime"],
+        "file": r["name"],
+        "bytes": sizes.get(r["name"]),
+        "top1": r.get("accuracy", {}).get("top1"),
+        "loss": r.get("accuracy", {}).get("loss"),
+        "latency": r.get("latency", {}),
+        "effective": effective(r.get("observed", {}).get("kernels")) if "error" not in r else f"FAILED: {r['error']}",
+        "kernels": r.get("observed", {}).get("kernels"),
+        "baseline_runtime": r.get("baseline_runtime", r["runtime"]),
+    }
+
+
+def _against_fp32(
+    row: Dict[str, Any], out: List[Dict[str, Any]], speedups: Dict[Tuple[str, str], Dict[str, Any]]
+) -> None:
+    """The row's size, top-1 and loss against its fp32 artifact's (same format, its baseline
+    runtime), and its measured speed-up."""
+    base = next(
+        (
+            b
+            for b in out
+            if b["precision"] == "fp32" and b["format"] == row["format"] and b["runtime"] == row["baseline_runtime"]
+        ),
+        None,
+    )
+    row["size_vs_fp32"] = row["bytes"] / base["bytes"] if base and row["bytes"] and base["bytes"] else None
+    row["top1_delta_points"] = (
+        100 * (row["top1"] - base["top1"]) if base and row["top1"] is not None and base["top1"] is not None else None
+    )
+    row["loss_delta"] = (
+        row["loss"] - base["loss"] if base and row["loss"] is not None and base["loss"] is not None else None
+    )
+    measured = speedups.get((row["file"], row["runtime"]))
+    row["speedup"] = (
+        {str(measured["batch"]): measured}
+        if measured and "batch" in measured
+        else ({"error": measured["error"]} if measured else {})
+    )
 
 
 def results(dirs) -> List[Tuple[Path, Dict[str, Any]]]:
@@ -122,14 +128,15 @@ def combined_markdown(reports: List[Dict[str, Any]]) -> str:
     return markdown(reports[0], combined_rows(reports)) + f"\n\nRuns: {len(reports)} ({runs})."
 
 
-def is_text(report: Dict[str, Any]) -> bool:
-    """Whether the quantized model is a language model (token windows in)."""
-    return (report.get("input") or {}).get("kind") == "tokens"
+def deployed(report: Dict[str, Any]) -> Deployed:
+    """How the quantized model's task shows it, from the input kind the report records (token
+    windows in: a language model)."""
+    return task_of_inputs([(report.get("input") or {}).get("kind")]).deployed
 
 
 def table_markdown_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
     small, large = str(min(report["batches"])), str(max(report["batches"]))
-    text = is_text(report)
+    shown = deployed(report)
     rows = []
     for r in report["rows"]:
         b1, bn = r["latency"].get(small), r["latency"].get(large)
@@ -140,20 +147,15 @@ def table_markdown_rows(report: Dict[str, Any]) -> List[Dict[str, str]]:
             "file": r["file"],
             "MB": f"{r['bytes'] / 1e6:.1f}" if r["bytes"] else "-",
             "size vs fp32": f"{r['size_vs_fp32']:.0%}" if r["size_vs_fp32"] else "-",
-            "held-out next-token top-1" if text else "held-out top-1": f"{r['top1']:.4f}"
-            if r["top1"] is not None
-            else "-",
+            shown.top1_label: f"{r['top1']:.4f}" if r["top1"] is not None else "-",
             "vs fp32 (points)": f"{r['top1_delta_points']:+.2f}" if r["top1_delta_points"] is not None else "-",
         }
-        if text:
+        if shown.per_position:
             # A language model's accuracy is its loss per token (nats), set against fp32's.
             row["held-out loss"] = f"{r['loss']:.4f}" if r.get("loss") is not None else "-"
             row["loss vs fp32"] = f"{r['loss_delta']:+.4f}" if r.get("loss_delta") is not None else "-"
         row[f"p50 ms (batch {small})"] = f"{b1['p50_ms']:.2f}" if b1 else "-"
-        if text:
-            row[f"tokens/s (batch {large})"] = f"{bn['tokens_per_s']:.0f}" if bn and "tokens_per_s" in bn else "-"
-        else:
-            row[f"img/s (batch {large})"] = f"{bn['throughput_ips']:.0f}" if bn else "-"
+        row[f"{shown.rate_unit} (batch {large})"] = f"{bn[shown.rate_key]:.0f}" if bn and shown.rate_key in bn else "-"
         row[f"speed-up (batch {large}, 95% CI)"] = _speedup_cell(r["speedup"], large)
         row["effective"] = r["effective"]
         rows.append(row)
@@ -171,9 +173,10 @@ def markdown(report: Dict[str, Any], rows: Optional[List[Dict[str, str]]] = None
 
     rows = table_markdown_rows(report) if rows is None else rows
     s = report["settings"]
-    text = is_text(report)
-    unit = "training token windows" if text else "training images"
-    calibration = f"{s['calib_batch_size'] * s['calib_batches']} {unit}" if s["calib_batches"] else "none"
+    shown = deployed(report)
+    calibration = (
+        f"{s['calib_batch_size'] * s['calib_batches']} training {shown.sample_noun}" if s["calib_batches"] else "none"
+    )
     if report["method"] == "qat":
         q = s["qat"]
         held = f", fake-quant held-out top-1 {q['held_out']['val_top1']:.4f}" if q.get("held_out") else ""
@@ -193,24 +196,23 @@ def markdown(report: Dict[str, Any], rows: Optional[List[Dict[str, str]]] = None
             f". Held-out next-token top-1 and loss (nats per token) over {report['held_out']} windows of "
             f"{report['input']['max_length']} tokens ({report.get('eval_data') or 'the held-out split'}); tokens/s = "
             f"samples/s x {report['input']['max_length']}; {report['threads']} thread(s) "
-            if text
+            if shown.per_position
             else f". Held-out top-1 over {report['held_out']} samples; {report['threads']} thread(s) "
         )
         + f"for every runtime. CPU: {describe_cpu(report['cpu'], {})} "
         f"(int8 is fast with VNNI or AMX). `effective` is read from the kernels each runtime ran, not from the method. "
-        + _speedup_text(report, text)
+        + _speedup_text(report, shown)
         + _deployment_notes(report)
     )
 
 
-def _speedup_text(report: Dict[str, Any], text: bool) -> str:
+def _speedup_text(report: Dict[str, Any], shown: Deployed) -> str:
     if report.get("pairs") == 0:  # pairs=0: none was measured, and the column says "-"
         return "No speed-ups measured (pairs=0). "
     return (
         f"Speed-up: the median, with its 95% interval, of {report.get('pairs', '?')} interleaved pairs of runs of the "
         "int8 artifact and the same job's fp32 one in the same process and runtime; "
-        f"{'tokens/s' if text else 'img/s'} times each artifact alone, so on a busy machine the two can disagree. "
-        + how_pairs_ran()
+        f"{shown.rate_unit} times each artifact alone, so on a busy machine the two can disagree. " + how_pairs_ran()
     )
 
 

@@ -17,6 +17,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import yaml
 
+from unitrain.tasks.registry import task_of_summary
+from unitrain.tasks.task import Task
 from unitrain.tracking.mlflow_runs import ARTIFACTS, flatten
 from unitrain.train.metrics import own_records
 
@@ -72,6 +74,11 @@ class Run:
         return f"{s['backend']}{tuned} {s['precision']['requested']}" + (
             f" x{s['world_size']}" if s["world_size"] > 1 else ""
         )
+
+    @property
+    def task(self) -> Task:
+        """What the run learned (its summary's task or data): the table's held-out columns and rate."""
+        return task_of_summary(self.summary)
 
     @property
     def own_steps(self) -> List[Dict[str, float]]:

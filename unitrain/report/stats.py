@@ -42,11 +42,12 @@ def throughput(group: List[Run]) -> Dict[str, float]:
 
 
 def time_to_loss(run: Run, target: float) -> Optional[float]:
-    """Seconds until the loss first reached ``target``: a language model's held-out loss (wall
-    time, training and evaluation, as time to accuracy counts it), else the training loss (step
-    times)."""
-    if run.summary.get("text") and run.evals:
-        return next((r["elapsed_s"] for r in run.evals if r["val_loss"] <= target), None)
+    """Seconds until the loss first reached ``target``: the held-out measure where it is a loss
+    (minimized: a language model's; wall time, training and evaluation, as time to accuracy counts
+    it), else the training loss (step times)."""
+    measure = run.task.measure
+    if measure.direction == "minimize" and run.evals:
+        return next((r["elapsed_s"] for r in run.evals if measure.reached(r[measure.key], target)), None)
     elapsed = 0.0
     for record in run.metrics:
         elapsed += record["batch_cost"]
@@ -117,27 +118,21 @@ def table_rows(
 
 
 def _held_out_cells(group: List[Run]) -> Dict[str, str]:
-    """A language model's held-out loss, perplexity and bits per character (or byte); a
-    classifier's loss and top-1."""
-    text = group[0].summary.get("text")
-    if not text:
-        return {
-            "held-out loss": _held_out(group, "val_loss", ".4f"),
-            "held-out top-1": _held_out(group, "val_top1", ".4f"),
-        }
+    """The held-out columns the row's task names (a classifier: loss and top-1; a language model:
+    loss, perplexity and bits per character or byte)."""
+    summary = group[0].summary
+    return {name: _held_out(group, key, fmt) for name, (key, fmt) in group[0].task.held_out_columns(summary).items()}
+
+
+def _rate_cells(run: Run, t: Dict[str, Any]) -> Dict[str, str]:
+    """Throughput in the task's unit: samples/s, or tokens/s for a language model (every position
+    of a sample is a prediction)."""
+    task = run.task
+    per = task.summary_rate(run.summary)
     return {
-        "held-out loss": _held_out(group, "val_loss", ".4f"),
-        "perplexity": _held_out(group, "perplexity", ".2f"),
-        f"bits/{text['unit']}": _held_out(group, f"bits_per_{text['unit']}", ".3f"),
+        task.rate_unit: f"{t['median'] * per:.1f}",
+        "spread": f"{t['low'] * per:.1f}-{t['high'] * per:.1f} ({t['over']})",
     }
-
-
-def _rate_cells(summary: Dict[str, Any], t: Dict[str, Any]) -> Dict[str, str]:
-    """Throughput in samples/s, or in tokens/s for a language model (every position of a sample
-    is a prediction)."""
-    per = int((summary.get("text") or {}).get("block_size", 1))
-    unit = "tokens/s" if summary.get("text") else "samples/s"
-    return {unit: f"{t['median'] * per:.1f}", "spread": f"{t['low'] * per:.1f}-{t['high'] * per:.1f} ({t['over']})"}
 
 
 def _measured(
@@ -158,7 +153,7 @@ def _measured(
         "world": str(s["world_size"]),
         "global batch": str(s["global_batch_size"]),
         "settings": settings,
-        **_rate_cells(s, t),
+        **_rate_cells(group[0], t),
         "vs baseline": reference_name if is_reference else f"x{ratio:.2f}" + (" (within noise)" if overlap else ""),
         "reader ratio": f"{100 * (s.get('profiler') or {}).get('reader_ratio', 0):.1f}%",
         "peak RSS MB": f"{max(memory):.0f}" if memory else "n/a",

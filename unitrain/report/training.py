@@ -13,8 +13,9 @@ inference.py and quantize.py add the other kinds of job found in the same direct
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from unitrain.report import hyperparameter_search as search_report
 from unitrain.report import inference as inference_report
@@ -38,6 +39,29 @@ def _training_runs(dirs: Sequence[str | Path], ps_found) -> List[Run]:
         raise
 
 
+@dataclass(frozen=True)
+class _Found:
+    """What the directories hold: parameter-server results, training runs, the table's rows."""
+
+    ps: list
+    runs: List[Run]
+    groups: List[List[Run]]
+    rows: List[Dict[str, str]]
+
+
+def _find(
+    dirs: Sequence[str | Path], baseline: int, target_loss: Optional[float], target_accuracy: Optional[float]
+) -> _Found:
+    """The runs in ``dirs`` and the training table's rows (``baseline``: the row ratios refer to)."""
+    ps_found = ps_report.results(dirs)
+    runs = _training_runs(dirs, ps_found)
+    groups = group_repeats(runs)
+    if runs and not 0 <= baseline < len(groups):
+        raise ValueError(f"--baseline {baseline} is out of range: there are {len(groups)} rows (0..{len(groups) - 1})")
+    rows = table_rows(groups, baseline, target_loss, target_accuracy) if runs else []
+    return _Found(ps=ps_found, runs=runs, groups=groups, rows=rows)
+
+
 def table(
     dirs: Sequence[str | Path],
     baseline: int = 0,
@@ -45,14 +69,9 @@ def table(
     target_accuracy: Optional[float] = None,
 ) -> str:
     """The comparison table alone (no plots): what a single run prints at its end."""
-    ps_found = ps_report.results(dirs)
-    runs = _training_runs(dirs, ps_found)
-    parts = (
-        [markdown(table_rows(group_repeats(runs), baseline, target_loss, target_accuracy)) + "\n\n" + FOOTNOTE]
-        if runs
-        else []
-    )
-    return "\n\n".join(parts + ([ps_report.markdown(ps_found)] if ps_found else []))
+    found = _find(dirs, baseline, target_loss, target_accuracy)
+    parts = [markdown(found.rows) + "\n\n" + FOOTNOTE] if found.runs else []
+    return "\n\n".join(parts + ([ps_report.markdown(found.ps)] if found.ps else []))
 
 
 def write_report(
@@ -63,14 +82,10 @@ def write_report(
     target_accuracy: Optional[float] = None,
 ) -> str:
     """Write comparison.md, the plots and report.html into ``out``; return the Markdown."""
-    ps_found = ps_report.results(dirs)
-    runs = _training_runs(dirs, ps_found)
     out = Path(out or dirs[0])
+    training = _find(dirs, baseline, target_loss, target_accuracy)
+    ps_found, runs, groups, rows = training.ps, training.runs, training.groups, training.rows
     out.mkdir(parents=True, exist_ok=True)
-    groups = group_repeats(runs)
-    if runs and not 0 <= baseline < len(groups):
-        raise ValueError(f"--baseline {baseline} is out of range: there are {len(groups)} rows (0..{len(groups) - 1})")
-    rows = table_rows(groups, baseline, target_loss, target_accuracy) if runs else []
     env, warnings = environment(runs), fairness_warnings(runs)
     images = plot(groups, out) if runs else []
     text = markdown(rows) + "\n\n" + FOOTNOTE if runs else ""

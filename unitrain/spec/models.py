@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Tuple, Union
 
 from unitrain.registry import Registry
+from unitrain.spec.hf import HF
 
 #: ``model.name`` of a user's pair (:mod:`unitrain.model.custom`).
 CUSTOM = "custom"
@@ -138,4 +139,4 @@ MODELS.register("gpt_mini", GPTSpec(dim=128, depth=4, heads=4, block_size=64))
 
 def is_language_model(name: str) -> bool:
     """Whether ``model.name`` names a language model: token ids in, next-token logits out."""
-    return name in MODELS and isinstance(MODELS.get(name), GPTSpec)
+    return name == HF or (name in MODELS and isinstance(MODELS.get(name), GPTSpec))

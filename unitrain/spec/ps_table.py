@@ -2,7 +2,8 @@
 seen, and each pushed row gradient is applied by the table's rule, in NumPy.
 
 The rules are those of Paddle's servers (``paddle/fluid/distributed/ps/table/sparse_sgd_rule.cc``),
-written on the gradient of the batch's mean loss, so that both engines apply one rule:
+written on the gradient of the batch's mean loss, so that both engines apply one rule (which
+optimizers have one, and the state each keeps, is :mod:`unitrain.spec.optimizers`'s table):
 
 * ``sgd``: ``w -= lr * g``.
 * ``adagrad`` (Paddle's StdAdaGradSGDRule): a row's gradient is first scaled to the mean
@@ -20,12 +21,12 @@ seen or which server holds it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Literal
+from typing import Callable, Dict, Mapping
 
 import numpy as np
 
-Rule = Literal["sgd", "adagrad", "adam"]
-RULES = ("sgd", "adagrad", "adam")
+from unitrain.spec import optimizers
+
 INITIAL_G2SUM = 3.0
 BETA1, BETA2, EPSILON = 0.9, 0.999, 1e-8
 WEIGHT_BOUND = 10.0
@@ -51,7 +52,7 @@ def initial_rows(ids: np.ndarray, width: int, seed: int, scale: float) -> np.nda
 @dataclass(kw_only=True)
 class SparseTable:
     width: int
-    rule: Rule
+    rule: str  # one of spec.optimizers.PS
     lr: float
     seed: int
     init_scale: float
@@ -65,11 +66,11 @@ class SparseTable:
             self.state = {name: np.zeros((0, *shape), np.float32) for name, shape in self._state_shapes().items()}
 
     def _state_shapes(self) -> Dict[str, tuple]:
-        if self.rule == "adagrad":
-            return {"g2sum": (self.width,)}
-        if self.rule == "adam":
-            return {"m": (self.width,), "v": (self.width,), "beta1_pow": (), "beta2_pow": ()}
-        return {}
+        optimizer = optimizers.BY_NAME[str(self.rule)]
+        return {
+            **{name: (self.width,) for name in optimizer.row_state},
+            **{name: () for name in optimizer.row_scalars},
+        }
 
     @property
     def rows(self) -> int:
@@ -129,18 +130,20 @@ class SparseTable:
         among the ``pushed`` ids of the batch)."""
         rows = self.locate(ids)
         w = self.weights[rows]
-        if self.rule == "sgd":
-            w -= self.lr * grads
-        elif self.rule == "adagrad":
-            g2sum = self.state["g2sum"][rows].astype(np.float64)
-            scaled = grads.astype(np.float64) * (pushed / counts.astype(np.float64))[:, None]
-            w -= (self.lr * scaled * np.sqrt(INITIAL_G2SUM / (INITIAL_G2SUM + g2sum))).astype(np.float32)
-            self.state["g2sum"][rows] = g2sum + scaled * scaled
-        else:
-            self._adam(rows, w, grads)
+        _UPDATES[str(self.rule)](self, rows, w, grads, counts, pushed)
         self.weights[rows] = np.clip(w, -WEIGHT_BOUND, WEIGHT_BOUND)
 
-    def _adam(self, rows: np.ndarray, w: np.ndarray, grads: np.ndarray) -> None:
+    # --- the rules: each updates the rows' values ``w`` in place, and its state -------------
+    def _sgd(self, rows: np.ndarray, w: np.ndarray, grads: np.ndarray, counts: np.ndarray, pushed: int) -> None:
+        w -= self.lr * grads
+
+    def _adagrad(self, rows: np.ndarray, w: np.ndarray, grads: np.ndarray, counts: np.ndarray, pushed: int) -> None:
+        g2sum = self.state["g2sum"][rows].astype(np.float64)
+        scaled = grads.astype(np.float64) * (pushed / counts.astype(np.float64))[:, None]
+        w -= (self.lr * scaled * np.sqrt(INITIAL_G2SUM / (INITIAL_G2SUM + g2sum))).astype(np.float32)
+        self.state["g2sum"][rows] = g2sum + scaled * scaled
+
+    def _adam(self, rows: np.ndarray, w: np.ndarray, grads: np.ndarray, counts: np.ndarray, pushed: int) -> None:
         state = self.state
         m = BETA1 * state["m"][rows] + (1 - BETA1) * grads
         v = BETA2 * state["v"][rows] + (1 - BETA2) * grads * grads
@@ -175,3 +178,8 @@ class SparseTable:
         self.weights[first : first + len(ids)] = arrays["weights"][keep]
         for k in self.state:
             self.state[k][first : first + len(ids)] = arrays[f"state.{k}"][keep]
+
+
+_UPDATES: Mapping[str, Callable[..., None]] = optimizers.implemented(
+    optimizers.PS, {"sgd": SparseTable._sgd, "adagrad": SparseTable._adagrad, "adam": SparseTable._adam}
+)

@@ -11,7 +11,8 @@ evaluation as it goes (:class:`MlflowSink`), and the job's end adds what the sum
 (the framework's version, the precision that ran and the CPU as tags, its figures as metrics)
 and the run's files. Only the node that holds the summary logs. ``mlflow.json`` in the run
 directory names the MLflow run; it holds neither the environment nor a tracking URI's
-credentials.
+credentials, and a server's credentials reach MLflow in its user and password variables, never in
+the URI it prints.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from unitrain.tracking.store import (  # noqa: F401
     STORE,
     artifact_location,
     check_reachable,
+    environment_uri,
     import_mlflow,
     mlflow_client,
     public_uri,
@@ -64,8 +66,9 @@ class TrackedRun:
     run_id: str
 
     def client(self) -> Any:
-        # A recorded server URI has lost its credentials: the environment's has them.
-        return mlflow_client(os.environ.get(ENV_URI) or self.uri)
+        # A recorded URI has lost its credentials: the environment has them (a server's in
+        # MLflow's user and password variables, moved there from the URI by environment_uri).
+        return mlflow_client(environment_uri() or self.uri)
 
     def write(self, directory: Path) -> None:
         replace_text(Path(directory) / RECORD, json.dumps(asdict(self), indent=2) + "\n")

@@ -1,8 +1,9 @@
 """Where MLflow keeps runs (``trainer.loggers=[mlflow]``), and whether it can be used before a
 job starts: ``MLFLOW_TRACKING_URI`` when set (a server, a database), else an SQLite file in the
 run tree with the artifacts beside it; a server that answers, an SQLite file that can be written,
-a database whose driver is installed. URIs are recorded without their credentials. Also the
-mlflow package, imported quietly, and its client."""
+a database whose driver is installed. URIs are recorded without their credentials, and a
+server's are handed to MLflow as its own variables (:func:`environment_uri`). Also the mlflow
+package, imported quietly, and its client."""
 
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from unitrain.host.atomic import cannot_create_in
 STORE = "mlflow.db"
 ARTIFACTS = "mlartifacts"
 ENV_URI = "MLFLOW_TRACKING_URI"
+#: Where MLflow's client takes a server's user and password from (HTTP basic authentication).
+ENV_USER = "MLFLOW_TRACKING_USERNAME"
+ENV_PASSWORD = "MLFLOW_TRACKING_PASSWORD"
 
 
 def import_mlflow() -> Any:
@@ -47,9 +51,29 @@ def mlflow_client(uri: str) -> Any:
         return mlflow.tracking.MlflowClient(tracking_uri=uri)
 
 
+def environment_uri() -> Optional[str]:
+    """``MLFLOW_TRACKING_URI``, None when unset. A server's user and password in it
+    (``http://user:pw@host:port``) are first moved into MLflow's own variables of this process,
+    ``MLFLOW_TRACKING_USERNAME`` and ``MLFLOW_TRACKING_PASSWORD``, which MLflow's client sends as
+    HTTP basic authentication, and the URI is left without them, for this process and every
+    process it starts (a sweep's jobs, a job's workers): MLflow's client prints its URI on stdout
+    ("View run ... at: <uri>/#/..." as each run ends), which a console log keeps. A database's
+    URI keeps its credentials: its driver reads them there, and MLflow prints none of it."""
+    uri = os.environ.get(ENV_URI)
+    if not uri:
+        return None
+    parts = urllib.parse.urlsplit(uri)
+    if parts.scheme in ("http", "https") and "@" in parts.netloc:
+        user, _, password = parts.netloc.rpartition("@")[0].partition(":")
+        os.environ[ENV_USER] = urllib.parse.unquote(user)
+        os.environ[ENV_PASSWORD] = urllib.parse.unquote(password)
+        os.environ[ENV_URI] = uri = public_uri(uri)
+    return uri
+
+
 def tracking_uri(root: Path) -> str:
     """Where runs go: the environment's tracking URI, else an SQLite file in ``root``."""
-    return os.environ.get(ENV_URI) or f"sqlite:///{(Path(root) / STORE).resolve()}"
+    return environment_uri() or f"sqlite:///{(Path(root) / STORE).resolve()}"
 
 
 #: The database dialects MLflow stores runs in, as SQLAlchemy names them (``dialect+driver://``).
@@ -81,7 +105,7 @@ def check_reachable() -> None:
     an SQLite file can be written, a database's driver is installed; else the job stops in one
     line before it starts."""
     import_mlflow()
-    uri = os.environ.get(ENV_URI)
+    uri = environment_uri()
     if not uri:
         return
     scheme = urllib.parse.urlsplit(uri).scheme
@@ -103,13 +127,13 @@ def check_reachable() -> None:
 
 
 def _check_server(uri: str) -> None:
-    """The server's /health answers; a user and password in the URI (which MLflow's client
-    sends) go as HTTP basic authentication, never in the URL asked."""
-    parts = urllib.parse.urlsplit(uri)
+    """The server's /health answers; a user and password (MLflow's variables, where
+    :func:`environment_uri` moved the URI's) go as HTTP basic authentication, as MLflow's client
+    sends them, never in the URL asked."""
     request = urllib.request.Request(public_uri(uri).rstrip("/") + "/health")
-    if "@" in parts.netloc:
-        user, _, password = parts.netloc.rpartition("@")[0].partition(":")
-        token = f"{urllib.parse.unquote(user)}:{urllib.parse.unquote(password)}".encode()
+    user, password = os.environ.get(ENV_USER), os.environ.get(ENV_PASSWORD)
+    if user and password:
+        token = f"{user}:{password}".encode()
         request.add_header("Authorization", "Basic " + base64.b64encode(token).decode())
     try:
         urllib.request.urlopen(request, timeout=5).close()
@@ -175,7 +199,7 @@ def artifact_location(root: Path) -> Optional[str]:
     """Where a new experiment's files go: beside an SQLite store (the run tree's own, or the
     file the environment names), in the run tree for another database, where a server keeps
     them (None) for a server. Never MLflow's default, ./mlruns of the folder the command ran in."""
-    uri = os.environ.get(ENV_URI)
+    uri = environment_uri()
     if not uri:
         return (Path(root) / ARTIFACTS).resolve().as_uri()
     if _dialect(uri) == "sqlite" and _sqlite_file(uri) is not None:

@@ -35,16 +35,17 @@ from unitrain.interface.backend import Backend, get_backend
 from unitrain.interface.data import data_module
 from unitrain.interface.models import models_module
 from unitrain.interface.modules import available_backends
-from unitrain.interface.optim import OPTIMIZERS, optim_module
+from unitrain.interface.optim import optim_module
 from unitrain.interface.translate import translate_module
 from unitrain.model.build import build_model
 from unitrain.model.conversion import pair_tables
-from unitrain.model.custom import CustomModel, ProbeSamples, check_factories, classes_of, model_ref
+from unitrain.model.custom import CustomModel, ProbeSamples, check_factories, model_ref
 from unitrain.model.pairing import convert_pair
 from unitrain.model.translate import ConversionRefused
 from unitrain.model.weights import Arrays, to_canonical
 from unitrain.spec.models import CUSTOM, MODELS
-from unitrain.train.language import text_corpus
+from unitrain.spec.optimizers import COLLECTIVE
+from unitrain.tasks import task_of
 from unitrain.train.layer_outputs import Outputs, activations_pass, first_divergence
 from unitrain.train.training_check import check_training, first_random_layer
 
@@ -153,7 +154,7 @@ def validate(cfg: ParityConfig) -> None:
             raise ConfigError(key, value, "a number in (0, 1] (the largest relative difference that passes)")
     check_groups(cfg)
     one_of("data.name", cfg.data.name, DATASET_NAMES)
-    one_of("optim.name", cfg.optim.name, OPTIMIZERS)
+    one_of("optim.name", cfg.optim.name, COLLECTIVE)
     _only_what_parity_reads(cfg)
     spec = MODELS.get(cfg.model.name) if cfg.model.name in MODELS else None
     features = spec.feature_dim if spec is not None else None
@@ -206,35 +207,34 @@ def _pair(a: _Side, b: _Side, explicit: Dict[str, str]) -> None:
     b.canonical = dict
 
 
+def _compared_step(cfg: ParityConfig, a: "_Side", b: "_Side", step: int) -> Dict[str, Any]:
+    """One optimizer step of both sides from where they are, and how far apart they end."""
+    # The job's warm-up and schedule over the compared steps, as the Trainer sets them.
+    for side in (a, b):
+        optim_module(side.name).set_lr(side.optimizer, lr_at(step, cfg.steps, cfg.optim))
+    (loss_a, state_a), (loss_b, state_b) = (side.step(step == 0, cfg.optim.label_smoothing) for side in (a, b))
+    abs_diff = abs(loss_a - loss_b)
+    return {
+        "step": step + 1,
+        f"loss_{a.name}": loss_a,
+        f"loss_{b.name}": loss_b,
+        "abs_diff": abs_diff,
+        "rel_diff": abs_diff / max(abs(loss_b), 1e-12),
+        "max_param_diff": parameter_diff(state_a, state_b),
+        "running_stat_rel_diff": running_stat_diff(state_a, state_b),
+    }
+
+
 def run_parity(cfg: ParityConfig, out_dir: Path) -> Dict[str, Any]:
     validate(cfg)
     threads = resolve_threads(cfg.trainer.threads)
     export_threads(threads)
-    if cfg.data.name == "text":  # the corpus's training windows; its tokenizer kept in the run directory
-        dataset = text_corpus(cfg, out_dir).train
-    else:
-        dataset = build_dataset(cfg.data, default_size=cfg.steps * cfg.trainer.batch_size, seed=cfg.trainer.seed)
+    # The task's training samples (a corpus's windows: its tokenizer kept in the run directory).
+    dataset = task_of(cfg).data(cfg, out_dir, None, cfg.steps * cfg.trainer.batch_size).train
     (a, determinism_a), (b, determinism_b) = (_side(name, cfg, dataset, threads) for name in available_backends())
     if isinstance(model_ref(cfg), CustomModel):
         _pair(a, b, model_ref(cfg).explicit_mapping())
-    records = []
-    for step in range(cfg.steps):
-        # The job's warm-up and schedule over the compared steps, as the Trainer sets them.
-        for side in (a, b):
-            optim_module(side.name).set_lr(side.optimizer, lr_at(step, cfg.steps, cfg.optim))
-        (loss_a, state_a), (loss_b, state_b) = (side.step(step == 0, cfg.optim.label_smoothing) for side in (a, b))
-        abs_diff = abs(loss_a - loss_b)
-        records.append(
-            {
-                "step": step + 1,
-                f"loss_{a.name}": loss_a,
-                f"loss_{b.name}": loss_b,
-                "abs_diff": abs_diff,
-                "rel_diff": abs_diff / max(abs(loss_b), 1e-12),
-                "max_param_diff": parameter_diff(state_a, state_b),
-                "running_stat_rel_diff": running_stat_diff(state_a, state_b),
-            }
-        )
+    records = [_compared_step(cfg, a, b, step) for step in range(cfg.steps)]
     worst = max(r["rel_diff"] for r in records)
     worst_stats = max(r["running_stat_rel_diff"] for r in records)
     activations = first_divergence(a.outputs, b.outputs, cfg.activation_tolerance, _layers_in_both(a, b))
@@ -285,27 +285,22 @@ def check_converted(cfg: Any, backend: str, num_classes: int | None = None) -> D
     same weights, compute the same outputs on one batch in evaluation mode, layer by layer; otherwise the job stops
     in one line naming the first layer that differs. Returns the comparison. The batch is images,
     or with data=text int64 token ids [2, data.block_size] in [0, ``num_classes``) (the vocabulary)."""
-    text = cfg.data.get("name") == "text"
-    if text:
-        classes = num_classes or classes_of(cfg.data)
-        data = {"name": "text", "block_size": cfg.data.block_size, "num_classes": classes}
-    else:
-        classes = num_classes or cfg.data.num_classes or 10
-        data = {"name": "synthetic", "image_size": cfg.data.image_size, "num_classes": classes}
+    probe = task_of(cfg).conversion_check(cfg.data, num_classes)
     check = OmegaConf.merge(
         OmegaConf.structured(ParityConfig),
         {
             "model": OmegaConf.to_container(cfg.model, resolve=True),
-            "data": data,
-            "trainer": {"batch_size": 2 if text else 4, "seed": cfg.trainer.seed},
+            "data": probe.data,
+            "trainer": {"batch_size": probe.batch_size, "seed": cfg.trainer.seed},
             "steps": 1,
         },
     )
     # Two batches: one for the forward compared in evaluation mode, one for the training step.
-    if text:
-        dataset = ProbeSamples(model_ref(check), check.data.num_classes, count=4, seed=check.trainer.seed)
+    pair = model_ref(check)
+    if pair.text:  # token ids the pair's factories take, not a dataset's
+        dataset = ProbeSamples(pair, check.data.num_classes, count=4, seed=check.trainer.seed)
     else:
-        dataset = build_dataset(check.data, default_size=8, seed=check.trainer.seed)
+        dataset = build_dataset(check.data, default_size=2 * probe.batch_size, seed=check.trainer.seed)
     threads = resolve_threads(cfg.trainer.threads)
     converted, _ = _side(backend, check, dataset, threads)
     source_name = translate_module(backend).SOURCE
@@ -330,5 +325,8 @@ def check_converted(cfg: Any, backend: str, num_classes: int | None = None) -> D
             f"computes the same (see docs/models.md), or a {backend} half of your own"
         )
     batch = check.trainer.batch_size
-    training = check_training(converted, source, dataset, batch, check.trainer.seed, f"model.{backend}=convert:")
+    written = (f"model.{source_name}", getattr(cfg.model, source_name))
+    training = check_training(
+        converted, source, dataset, batch, check.trainer.seed, f"model.{backend}=convert:", written
+    )
     return found | {"loss_rel_diff": loss_diff, "training": training}

@@ -100,7 +100,7 @@ def skipped(dataset: Any, evaluator: Optional[Evaluator]) -> Optional[Dict[str, 
     return {"count": len(files), "files": files[:20]} if files else None
 
 
-#: A language model's held-out measures (unitrain.train.language).
+#: A language model's held-out measures (unitrain.tasks.language).
 TEXT_MEASURES = ("perplexity", "bits_per_character", "bits_per_byte")
 
 

@@ -10,14 +10,14 @@ both halves take one plain step with their random layers off, and the changes of
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from unitrain.errors import UnitrainError
+from unitrain.errors import ConfigError, UnitrainError
 from unitrain.interface.data import data_module
-from unitrain.model.custom import failed_at
 from unitrain.model.translate import ConversionRefused
+from unitrain.model.user_code import failed_at
 from unitrain.train.layer_outputs import first_divergence
 
 #: Relative difference of the losses that passes (as the forward check's).
@@ -66,10 +66,37 @@ def _random_layers_off(sides: List[Any], dataset: Any, batch_size: int, seed: in
             break
         off.append(layer)
         for side in sides:
-            leaves = dict(side.backend._leaf_layers(side.model))  # noqa: SLF001 - the layers capture_outputs names
-            if layer in leaves:
-                leaves[layer].eval()
+            found = layer_named(side.model, layer)
+            if found is not None:
+                turn_off(found)
     return {"off": off, "drawn_outside": off[-1]}
+
+
+def layer_named(model: Any, name: str) -> Any:
+    """The layer of ``model`` at a dotted name (``lstm``, ``blocks.1.drop``), leaf or not, or None.
+    A layer one framework holds whole may be a parent in the other: torch's ``nn.LSTM`` is one
+    layer, Paddle's ``paddle.nn.LSTM`` a list of cells (``lstm.0.cell``) whose own forward draws
+    the dropout between them. Both frameworks reach a sub-layer as an attribute of its parent (a
+    list's items by index)."""
+    layer = model
+    for part in name.split("."):
+        layer = getattr(layer, part, None)
+        if layer is None:
+            return None
+    return layer if callable(getattr(layer, "eval", None)) else None
+
+
+def turn_off(layer: Any) -> None:
+    """``layer`` draws no random numbers from now on, alike in both frameworks. A recurrent layer
+    (``nn.LSTM(..., dropout=0.1)``, ``paddle.nn.LSTM``, GRU, RNN: a number ``dropout``) keeps
+    training mode with its dropout between layers 0: Paddle's fused rnn operator has no backward
+    in evaluation mode ("Tensor holds no memory"), nor has cuDNN's. Anything else (dropout,
+    stochastic depth, drop path) is put in evaluation mode, it and its sub-layers."""
+    rate = getattr(layer, "dropout", None)
+    if isinstance(rate, (int, float)) and not isinstance(rate, bool):
+        layer.dropout = 0.0
+    else:
+        layer.eval()
 
 
 def _train_once(side: Any, dataset: Any, batch_size: int) -> None:
@@ -79,10 +106,19 @@ def _train_once(side: Any, dataset: Any, batch_size: int) -> None:
     side.optimizer.zero_grad()
 
 
-def check_training(converted: Any, source: Any, dataset: Any, batch_size: int, seed: int, where: str) -> Dict:
-    """See the module's docstring. ``where`` starts each refusal (``model.paddle=convert: ...``).
-    Returns what was compared: the random layers turned off, the loss's and the weights' changes'
-    largest relative differences (the weight named)."""
+def check_training(
+    converted: Any,
+    source: Any,
+    dataset: Any,
+    batch_size: int,
+    seed: int,
+    where: str,
+    written: Optional[Tuple[str, str]] = None,
+) -> Dict:
+    """See the module's docstring. ``where`` starts each refusal (``model.paddle=convert: ...``);
+    ``written``: (model.<source>, its factory path), named where the source half's own training
+    fails too. Returns what was compared: the random layers turned off, the loss's and the
+    weights' changes' largest relative differences (the weight named)."""
     for side in (converted, source):
         side.model.train()
     state = converted.backend.state_arrays(converted.model)
@@ -91,6 +127,7 @@ def check_training(converted: Any, source: Any, dataset: Any, batch_size: int, s
     except (UnitrainError, MemoryError):
         raise
     except Exception as err:  # noqa: BLE001 - the translated code failing in training: one line, where
+        _source_trains(source, dataset, batch_size, written)
         raise ConversionRefused(
             f"{where} in training mode (random layers on) the converted half failed at {failed_at(err)}; allowed: "
             f"code that converts to calls the framework takes (see docs/models.md), or a half of your own"
@@ -109,6 +146,23 @@ def check_training(converted: Any, source: Any, dataset: Any, batch_size: int, s
             "a model whose conversion computes the same gradients (see docs/models.md), or a half of your own"
         )
     return {"compared": True, "random_layers_off": random["off"], **result}
+
+
+def _source_trains(source: Any, dataset: Any, batch_size: int, written: Optional[Tuple[str, str]]) -> None:
+    """The source half's own training forward and backward, where the converted half's failed:
+    failing too, it is the user's model (its file and line), not the conversion."""
+    if written is None:
+        return
+    state = source.backend.state_arrays(source.model)
+    try:
+        _train_once(source, dataset, batch_size)
+    except (UnitrainError, MemoryError):
+        raise
+    except Exception as own:  # noqa: BLE001 - the user's code failing in training: one line, where
+        raise ConfigError(
+            *written, f"a model that trains (forward and backward in training mode); it failed at {failed_at(own)}"
+        ) from None
+    source.backend.load_state_arrays(source.model, state)
 
 
 def _compare_step(converted: Any, source: Any) -> Dict[str, Any]:

@@ -75,7 +75,8 @@ class _Shapes(ast.NodeTransformer):
     - shape arguments that Paddle's dygraph takes but its tracers (``paddle.jit.to_static``, the
       legacy programs of its int8 path) do not: ``t.view(a, b)`` and ``t.reshape(a, b)`` ->
       ``t.reshape([a, b])``, ``t.view(x)`` -> :func:`view` (a size, a shape or a dtype),
-      ``t.expand(a, b)`` -> ``t.expand([a, b])``, ``t.size(i)`` -> ``t.shape[i]``;
+      ``t.expand(a, b)`` -> ``t.expand([a, b])``, ``t.size(i)`` and ``t.size(dim=i)`` -> ``t.shape[i]``,
+      ``t.size()`` -> ``tuple(t.shape)`` (torch.Size is a tuple: ``t.size()[:-1] + (n,)`` stays one);
     - ``t.split(n, dim=d)`` -> :func:`split` (PaConvert's torch-style helper is set on dygraph
       tensors only, and Paddle's own split takes no ``dim``), ``device=t.device`` ->
       :func:`device_of` (a legacy program's tensors have no device);
@@ -143,6 +144,9 @@ class _Shapes(ast.NodeTransformer):
         if func.attr in _SCALAR_METHODS and len(args) == 1:
             self._count(f"Tensor.{func.attr}(number)")
             return self._bridged(func.attr, [func.value, *args], keywords)
+        if func.attr == "size" and not args and [k.arg for k in keywords] == ["dim"]:
+            self._count("Tensor.size(dim)")
+            return ast.Subscript(ast.Attribute(func.value, "shape", ast.Load()), keywords[0].value, ast.Load())
         if keywords:
             return None
         if func.attr in ("view", "reshape", "expand") and len(args) >= 2:
@@ -155,6 +159,12 @@ class _Shapes(ast.NodeTransformer):
         if func.attr == "size" and len(args) == 1:
             self._count("Tensor.size(dim)")
             return ast.Subscript(ast.Attribute(func.value, "shape", ast.Load()), args[0], ast.Load())
+        if func.attr == "size" and not args:
+            # torch.Size is a tuple: sliced and added to tuples (``x.size()[:-1] + (n,)``, as
+            # Hugging Face's GPT-2 writes it); Paddle's ``shape`` is a list, traced one whose
+            # unknown sizes are tensors (a tuple of them reshapes as torch's does).
+            self._count("Tensor.size()")
+            return ast.Call(ast.Name("tuple", ast.Load()), [ast.Attribute(func.value, "shape", ast.Load())], [])
         return None
 
 

@@ -20,10 +20,12 @@ Its modules, each importing only those above it in this list:
 * ``data_config``: DataConfig, what data=text reads of the config, and the checks of the config
   alone;
 * ``corpus``: the corpus's files read and checked, its splits, its text cut into pieces;
-* ``records``: JSON records read back only when whole, the cache's keys;
-* ``job_tokenizer``: the tokenizer of a job (given, saved in the run, cached, or new) and the
-  record of its corpus;
-* ``token_cache``: the tokens, made once, in a memory-mapped cache entry;
+* ``records``: JSON records read back only when whole, the cache's keys, its entries' records
+  sealed with their own digest, and what killed jobs left in it;
+* ``job_tokenizer``: the tokenizer of a job (given, saved in the run, cached and verified, or
+  new) and the record of its corpus;
+* ``token_cache``: the tokens, made once, in a memory-mapped cache entry verified each time it is
+  used;
 * ``windows``: the splits as samples, and load_text, the entry point.
 
 The names other layers use are re-exported here.

@@ -4,6 +4,7 @@ given (TextCorpus), and load_text, the entry point that checks, tokenizes and ma
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,10 +15,13 @@ import numpy as np
 from unitrain.data.text.corpus import Corpus, check_text_files, held_out_start
 from unitrain.data.text.data_config import DataConfig, check_text_config, resolve_block_size
 from unitrain.data.text.job_tokenizer import plan_tokenizer
+from unitrain.data.text.records import clean_leftovers
 from unitrain.data.text.token_cache import TokenFile, check_splits, token_entry
 from unitrain.data.text.tokenizer import TOKENIZER_FILE, Tokenizer
 from unitrain.host.atomic import replace_text
 from unitrain.host.cache import cache_dir as cache_folder
+
+log = logging.getLogger("unitrain")
 
 
 @dataclass(kw_only=True)
@@ -140,6 +144,10 @@ def _windows(entry: TokenFile, train: bool, block: int, tokenizer: Tokenizer) ->
     )
 
 
+def _size(size: int) -> str:
+    return f"{size / 1e6:.1f} MB" if size >= 100_000 else f"{size:,} bytes"
+
+
 def load_text(
     cfg: DataConfig,
     block_size: Optional[int] = None,
@@ -153,7 +161,8 @@ def load_text(
     when data.block_size is unset; ``max_block_size``: the longest the model takes; ``run_dir``:
     where the tokenizer is saved (and found again on resume); ``tokenizer_file``: a saved
     tokenizer to use instead of making one; ``cache_dir``: the token cache (default
-    ``cache_root()/text``, made here). Every refusal is one ConfigError, raised before anything is written."""
+    ``cache_root()/text``, made here; what killed jobs left there is removed, and an entry that fails
+    its check is made again). Every refusal is one ConfigError, raised before anything is written."""
     check_text_config(cfg, max_block_size)
     block = resolve_block_size(cfg, block_size, max_block_size)
     corpus = check_text_files(cfg)
@@ -161,6 +170,9 @@ def load_text(
     if str(cfg.tokenizer) == "char":
         check_splits(cfg, block, start, corpus.chars - start)  # tokens are characters: known already
     cache = Path(cache_dir) if cache_dir is not None else cache_folder("text")
+    removed = clean_leftovers(cache)
+    if removed:
+        log.info("removed %s that killed jobs left in the token cache %s", _size(removed), cache)
     plan = plan_tokenizer(
         cfg, corpus, start, Path(run_dir) if run_dir else None, Path(tokenizer_file) if tokenizer_file else None, cache
     )
