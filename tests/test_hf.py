@@ -18,7 +18,8 @@ import pytest
 
 from conftest import BACKENDS, refusal, run_unitrain
 from unitrain.errors import ConfigError
-from unitrain.spec.hf import HF, check_folder, read_config, read_weights
+from unitrain.spec.hf import HF, read_config
+from unitrain.spec.hf_weights import check_folder, read_weights
 from unitrain.spec.models import is_language_model
 
 # transformers and torch are imported by the tests that use them (not at collection: every
@@ -319,7 +320,7 @@ def test_model_path_is_refused_beside_another_model(checkpoints, tmp_path):
 def test_a_tokenizer_larger_than_the_embedding_is_refused(checkpoints, tmp_path):
     from types import SimpleNamespace
 
-    from unitrain.spec.hf import check_job
+    from unitrain.tasks.hf_text import check_job
 
     folder = _edited(checkpoints, tmp_path, "gpt2")
     lines = (ROOT / "docs" / "text.md").read_text().splitlines()

@@ -19,7 +19,8 @@ from typing import List, Optional, Sequence
 import numpy as np
 
 from unitrain.deploy import artifacts
-from unitrain.deploy.export import TOLERANCE, ExportCheckError, export
+from unitrain.deploy.export import export
+from unitrain.deploy.export_check import TOLERANCE, ExportCheckError
 from unitrain.errors import UnitrainError
 from unitrain.interface.export import FORMATS
 from unitrain.interface.modules import available_backends

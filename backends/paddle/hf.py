@@ -128,15 +128,28 @@ class DecoderModel(nn.Layer):
         self.norm = RMSNorm(spec.hidden_size, spec.norm_eps)
 
 
-class DecoderForCausalLM(nn.Layer):
+class _CausalLM(nn.Layer):
+    """A family's backbone under its transformers name, and its head: the embedding's transpose
+    where config.json ties them, else lm_head."""
+
+    def __init__(self, spec: HfSpec, name: str, backbone: nn.Layer):
+        super().__init__()
+        self.hf_spec = spec
+        setattr(self, name, backbone)  # before the head: the parameters in transformers' order
+        if not spec.tied:
+            self.lm_head = _linear(spec.hidden_size, spec.vocab_size, False)
+
+    def _logits(self, x: paddle.Tensor, embedding: nn.Embedding) -> paddle.Tensor:
+        if self.hf_spec.tied:
+            return paddle.matmul(x, embedding.weight, transpose_y=True)
+        return self.lm_head(x)
+
+
+class DecoderForCausalLM(_CausalLM):
     """LLaMA, Mistral, Qwen2 and Qwen3: the names of transformers' *ForCausalLM."""
 
     def __init__(self, spec: HfSpec):
-        super().__init__()
-        self.hf_spec = spec
-        self.model = DecoderModel(spec)
-        if not spec.tied:
-            self.lm_head = _linear(spec.hidden_size, spec.vocab_size, False)
+        super().__init__(spec, "model", DecoderModel(spec))
 
     def forward(self, ids: paddle.Tensor) -> paddle.Tensor:
         spec = self.hf_spec
@@ -144,10 +157,7 @@ class DecoderForCausalLM(nn.Layer):
         x = self.model.embed_tokens(ids)
         for layer in self.model.layers:
             x = layer(x, cos, sin)
-        x = self.model.norm(x)
-        if spec.tied:
-            return paddle.matmul(x, self.model.embed_tokens.weight, transpose_y=True)
-        return self.lm_head(x)
+        return self._logits(self.model.norm(x), self.model.embed_tokens)
 
 
 class GPT2Attention(nn.Layer):
@@ -198,23 +208,16 @@ class GPT2Model(nn.Layer):
         self.ln_f = nn.LayerNorm(spec.hidden_size, epsilon=spec.norm_eps)
 
 
-class GPT2LMHeadModel(nn.Layer):
+class GPT2LMHeadModel(_CausalLM):
     def __init__(self, spec: HfSpec):
-        super().__init__()
-        self.hf_spec = spec
-        self.transformer = GPT2Model(spec)
-        if not spec.tied:
-            self.lm_head = _linear(spec.hidden_size, spec.vocab_size, False)
+        super().__init__(spec, "transformer", GPT2Model(spec))
 
     def forward(self, ids: paddle.Tensor) -> paddle.Tensor:
         positions = paddle.arange(ids.shape[1], dtype="int64")
         x = self.transformer.wte(ids) + self.transformer.wpe(positions)
         for block in self.transformer.h:
             x = block(x)
-        x = self.transformer.ln_f(x)
-        if self.hf_spec.tied:
-            return paddle.matmul(x, self.transformer.wte.weight, transpose_y=True)
-        return self.lm_head(x)
+        return self._logits(self.transformer.ln_f(x), self.transformer.wte)
 
 
 def build_hf(spec: HfSpec, weights: Dict[str, np.ndarray]) -> nn.Layer:

@@ -27,8 +27,16 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from unitrain.deploy import artifacts, ps_export
-from unitrain.deploy.runtimes import runtimes_for
+from unitrain.deploy.export_check import (
+    CHECK_SAMPLES,
+    TOLERANCE,
+    ExportCheckError,
+    compare_logits,
+    run_artifact,
+    tile,
+)
 from unitrain.errors import UnitrainError, framework_cause
+from unitrain.host import processes
 from unitrain.host.machine import cpu
 from unitrain.interface.backend import Backend, get_backend
 from unitrain.interface.evaluation import evaluation_module
@@ -39,19 +47,6 @@ from unitrain.model.custom import CustomModel
 from unitrain.model.weights import Arrays
 from unitrain.tasks import Task, task_of
 from unitrain.train.checkpoint import checkpoint_run_dir, find_checkpoint, read_meta, read_model_arrays
-
-#: Held-out images (or token windows) the check runs on (dynamic-batch artifacts also at batch 1).
-CHECK_SAMPLES = 8
-#: Largest allowed |logit difference|, relative to the largest |logit| (at least 1): fp32
-#: rounding only, with room for other CPUs' kernels (docs/export-and-inference.md).
-TOLERANCE = 1e-5
-
-
-class ExportCheckError(UnitrainError):
-    """An artifact whose outputs differ from the checkpoint's beyond the tolerance (not kept);
-    ``fmt``: its format."""
-
-    fmt: Optional[str] = None
 
 
 @dataclass(kw_only=True)
@@ -109,36 +104,6 @@ class Target:
         model = build_model(self.backend, source.model, source.classes)
         self.backend.load_state_arrays(model, weights_for(source.arrays, source.meta, self.backend, model))
         return model
-
-
-def run_artifact(framework: str, fmt: str, path: Path, inputs: List[np.ndarray]) -> List[np.ndarray]:
-    """The artifact's logits for each of ``inputs``, computed by its deployment runtime alone (no
-    unitrain model code), loaded once: the first runtime ``unitrain.infer`` lists for it
-    (torch.export.load, the Paddle Inference predictor, ONNX Runtime), so the check and the
-    benchmark load an artifact the same way."""
-    artifact = artifacts.Artifact(path.parent, path.name, framework, fmt, (path.name,), None)
-    runtime = runtimes_for(artifact, threads=len(os.sched_getaffinity(0)))[0]
-    runtime.load()
-    return [np.asarray(runtime.run(runtime.prepare(x))) for x in inputs]
-
-
-def compare_logits(ref: np.ndarray, got: np.ndarray) -> Dict[str, float]:
-    """Largest |difference| and the share of arg maxes that agree: per image, or per position of
-    a language model's ``[batch, time, vocab]``."""
-    if ref.shape != got.shape:
-        raise ExportCheckError(
-            f"the artifact gives logits of shape {list(got.shape)}, the checkpoint {list(ref.shape)}"
-        )
-    return {
-        "max_abs_diff": float(np.abs(ref - got).max()),
-        "max_abs_logit": float(np.abs(ref).max()),
-        "top1_agreement": float((ref.argmax(-1) == got.argmax(-1)).mean()),
-    }
-
-
-def tile(images: np.ndarray, size: int) -> np.ndarray:
-    """``size`` images, repeating the check batch when it is smaller."""
-    return np.ascontiguousarray(np.resize(images, (size, *images.shape[1:])) if size > len(images) else images[:size])
 
 
 def _check(
@@ -205,18 +170,8 @@ def remove_dead_tmp(out: Path) -> None:
     they could remove them)."""
     for folder in out.glob(".export-*-*"):
         pid = folder.name.rsplit("-", 1)[-1]
-        if folder.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+        if folder.is_dir() and pid.isdigit() and int(pid) != os.getpid() and not processes.running(int(pid)):
             shutil.rmtree(folder, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 def _write_and_check(

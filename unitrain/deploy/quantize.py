@@ -38,7 +38,8 @@ from typing import Any, Dict, List, Tuple
 
 from unitrain.config.schema import QuantizeConfig
 from unitrain.deploy import artifacts
-from unitrain.deploy.export import ExportCheckError, export
+from unitrain.deploy.export import export
+from unitrain.deploy.export_check import ExportCheckError
 from unitrain.deploy.infer import Timing, benchmark
 from unitrain.deploy.onnx_quantize import quantize_onnx
 from unitrain.deploy.qat import quantization_aware_training

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import gc
+import os
 import signal
 import sys
 import threading
@@ -52,6 +53,19 @@ def _prctl() -> Optional[Callable[..., int]]:
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
+
+
+def running(pid: int) -> bool:
+    """Whether a process ``pid`` exists on this host (another user's too)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

@@ -14,7 +14,8 @@ from unitrain.interface.models import models_module
 from unitrain.model.custom import CustomModel, sized
 from unitrain.model.pairing import shared_initial_state, table
 from unitrain.model.weights import from_canonical, to_canonical
-from unitrain.spec.hf import HfSpec, read_weights
+from unitrain.spec.hf import HfSpec
+from unitrain.spec.hf_weights import read_weights
 from unitrain.spec.initial_weights import gpt_init, shared_init
 from unitrain.spec.models import MODELS, GPTSpec, ResNetSpec, ViTSpec
 
@@ -43,33 +44,43 @@ def build_model(
     """
     if isinstance(model, HfSpec):
         net = hf_module(backend.name).build_hf(model, read_weights(model))
-        return net.to(device) if device and device != "cpu" else net
-    if isinstance(model, str) and image_size:
-        model = sized(model, image_size)
-    spec: Any = MODELS.get(model) if isinstance(model, str) else model
-    if isinstance(spec, GPTSpec) and dropout is not None:
-        spec = replace(spec, dropout=dropout)
+    else:
+        if isinstance(model, str) and image_size:
+            model = sized(model, image_size)
+        spec: Any = MODELS.get(model) if isinstance(model, str) else model
+        if isinstance(spec, GPTSpec) and dropout is not None:
+            spec = replace(spec, dropout=dropout)
+        net = _built(backend, spec, num_classes, zero_init_residual, seed if init == "shared" else None)
+    # Both frameworks' layers have .to(device) returning the layer itself.
+    # Built on the CPU already: Paddle's LSTM and GRU hold a dropout state that is never
+    # initialised, and Layer.to() fails on it.
+    return net.to(device) if device and device != "cpu" else net
+
+
+def _built(
+    backend: Backend, spec: Any, num_classes: int, zero_init_residual: bool, shared_seed: Optional[int]
+) -> Native:
+    """A spec's (or a user's pair's) network, with the weights drawn from ``shared_seed`` in
+    NumPy where it is given (model.init=shared)."""
+    shared = shared_seed is not None
     if isinstance(spec, ResNetSpec):
         net = models_module(backend.name).build_resnet(spec, num_classes, zero_init_residual)
-        if init == "shared":
-            _load_shared_resnet(backend, net, spec, seed, zero_init_residual)
+        if shared:
+            _load_shared_resnet(backend, net, spec, shared_seed, zero_init_residual)
     elif isinstance(spec, GPTSpec):
         net = models_module(backend.name).build_gpt(spec, num_classes)
-        if init == "shared":
-            _load_shared_gpt(backend, net, spec, seed)
+        if shared:
+            _load_shared_gpt(backend, net, spec, shared_seed)
     else:
         if isinstance(spec, ViTSpec):
             net = models_module(backend.name).build_vit(spec, num_classes)
         else:
             net = spec.build(backend.name, num_classes)
-        if init == "shared":
+        if shared:
             models = models_module(backend.name)
             state, linear, buffers = backend.state_arrays(net), models.linear_weights(net), models.buffer_names(net)
-            backend.load_state_arrays(net, shared_initial_state(backend.name, state, linear, seed, buffers))
-    # Both frameworks' layers have .to(device) returning the layer itself.
-    # Built on the CPU already: Paddle's LSTM and GRU hold a dropout state that is never
-    # initialised, and Layer.to() fails on it.
-    return net.to(device) if device and device != "cpu" else net
+            backend.load_state_arrays(net, shared_initial_state(backend.name, state, linear, shared_seed, buffers))
+    return net
 
 
 def _load_shared_resnet(backend: Backend, net: Native, spec: ResNetSpec, seed: int, zero_init_residual: bool) -> None:

@@ -1,7 +1,7 @@
 """A Hugging Face model folder (``model=hf model.path=DIR``), framework-free: its config.json read
 into an :class:`HfSpec` (the families LLaMA, Mistral without sliding windows, Qwen2, Qwen3 and
-GPT-2), the parameter names and shapes the spec implies, and its safetensors weights read as
-float32 NumPy arrays. Everything a folder holds that would change the numbers and that unitrain
+GPT-2) and the parameter names and shapes the spec implies (its weights: spec/hf_weights.py;
+its text job: tasks/hf_text.py). Everything a folder holds that would change the numbers and that unitrain
 does not implement is refused in one line (a ConfigError on ``model.path``), before anything
 is written: validation reads the config and the weight files' headers only.
 
@@ -14,12 +14,9 @@ names the weights whose layout differs (GPT-2's Conv1D weights are [in, out] alr
 from __future__ import annotations
 
 import json
-import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
-
-import numpy as np
+from typing import Any, Dict, List, Mapping, Tuple
 
 from unitrain.errors import ConfigError
 
@@ -34,7 +31,7 @@ TOKENIZER_FILE = "tokenizer.json"
 #: GPT-2's activations unitrain writes: transformers' names -> exact or tanh GELU.
 GPT2_ACTIVATIONS = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "exact"}
 #: safetensors' dtypes read into float32 (BF16 by its raw bits: NumPy has no bfloat16).
-_FLOAT_DTYPES = ("F32", "F16", "F64", "BF16")
+FLOAT_DTYPES = ("F32", "F16", "F64", "BF16")
 _KEY = "model.path"
 
 
@@ -67,14 +64,14 @@ class HfSpec:
         return Path(self.path)
 
 
-def _fail(path: Any, why: str) -> ConfigError:
+def refusal(path: Any, why: str) -> ConfigError:
     return ConfigError(_KEY, str(path), why)
 
 
 def _get(config: Mapping[str, Any], path: Any, key: str, kind: type = int) -> Any:
     value = config.get(key)
     if value is None or isinstance(value, bool) or not isinstance(value, (kind, int) if kind is float else kind):
-        raise _fail(path, f"a config.json with {key} ({kind.__name__}); it has {value!r}")
+        raise refusal(path, f"a config.json with {key} ({kind.__name__}); it has {value!r}")
     return kind(value)
 
 
@@ -86,37 +83,41 @@ def _rope_theta(config: Mapping[str, Any], path: Any) -> float:
     if isinstance(params, Mapping):
         kind = params.get("rope_type", params.get("type", "default"))
         if kind != "default":
-            raise _fail(path, f"rope_parameters.rope_type default (unitrain implements no rope scaling); it is {kind}")
+            raise refusal(
+                path, f"rope_parameters.rope_type default (unitrain implements no rope scaling); it is {kind}"
+            )
         theta = params.get("rope_theta", config.get("rope_theta", 10000.0))
     elif params is not None:
-        raise _fail(path, f"rope_parameters as a mapping; it is {params!r}")
+        raise refusal(path, f"rope_parameters as a mapping; it is {params!r}")
     else:
         theta = config.get("rope_theta", 10000.0)
     if scaling is not None:
         kind = scaling.get("rope_type", scaling.get("type")) if isinstance(scaling, Mapping) else scaling
         if kind != "default":
-            raise _fail(path, f"no rope_scaling (unitrain implements none; it changes the numbers); it has {scaling!r}")
+            raise refusal(
+                path, f"no rope_scaling (unitrain implements none; it changes the numbers); it has {scaling!r}"
+            )
     if config.get("partial_rotary_factor", 1.0) != 1.0:
-        raise _fail(path, f"partial_rotary_factor 1 (not implemented); it is {config['partial_rotary_factor']}")
+        raise refusal(path, f"partial_rotary_factor 1 (not implemented); it is {config['partial_rotary_factor']}")
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
-        raise _fail(path, f"a positive rope_theta; it is {theta!r}")
+        raise refusal(path, f"a positive rope_theta; it is {theta!r}")
     return float(theta)
 
 
 def _no_sliding_window(config: Mapping[str, Any], path: Any, model_type: str) -> None:
     if model_type == "mistral":
         if config.get("sliding_window") is not None:
-            raise _fail(
+            raise refusal(
                 path,
                 f"mistral without a sliding window (sliding_window null; not implemented); it has "
                 f"sliding_window {config['sliding_window']}",
             )
         return
     if config.get("use_sliding_window"):
-        raise _fail(path, f"{model_type} with use_sliding_window false (sliding windows are not implemented)")
+        raise refusal(path, f"{model_type} with use_sliding_window false (sliding windows are not implemented)")
     kinds = set(config.get("layer_types") or ["full_attention"])
     if kinds != {"full_attention"}:
-        raise _fail(
+        raise refusal(
             path, f"layer_types all full_attention (sliding windows are not implemented); it has {sorted(kinds)}"
         )
 
@@ -128,11 +129,11 @@ def _decoder_spec(config: Mapping[str, Any], path: Any, model_type: str) -> HfSp
     kv_heads = config.get("num_key_value_heads") or heads
     head_dim = config.get("head_dim") or hidden // heads
     if config.get("hidden_act", "silu") != "silu":
-        raise _fail(path, f"hidden_act silu ({model_type}'s gated MLP); it is {config['hidden_act']}")
+        raise refusal(path, f"hidden_act silu ({model_type}'s gated MLP); it is {config['hidden_act']}")
     if heads % kv_heads:
-        raise _fail(path, f"num_attention_heads ({heads}) a multiple of num_key_value_heads ({kv_heads})")
+        raise refusal(path, f"num_attention_heads ({heads}) a multiple of num_key_value_heads ({kv_heads})")
     if config.get("pretraining_tp", 1) != 1:
-        raise _fail(path, f"pretraining_tp 1 (not implemented); it is {config['pretraining_tp']}")
+        raise refusal(path, f"pretraining_tp 1 (not implemented); it is {config['pretraining_tp']}")
     _no_sliding_window(config, path, model_type)
     bias = bool(config.get("attention_bias", False))
     return HfSpec(
@@ -161,12 +162,12 @@ def _decoder_spec(config: Mapping[str, Any], path: Any, model_type: str) -> HfSp
 def _gpt2_spec(config: Mapping[str, Any], path: Any) -> HfSpec:
     act = config.get("activation_function", "gelu_new")
     if act not in GPT2_ACTIVATIONS:
-        raise _fail(path, f"activation_function one of {', '.join(GPT2_ACTIVATIONS)}; it is {act}")
+        raise refusal(path, f"activation_function one of {', '.join(GPT2_ACTIVATIONS)}; it is {act}")
     for key, default in (("scale_attn_weights", True), ("scale_attn_by_inverse_layer_idx", False)):
         if config.get(key, default) != default:
-            raise _fail(path, f"{key} {str(default).lower()} (the other is not implemented)")
+            raise refusal(path, f"{key} {str(default).lower()} (the other is not implemented)")
     if config.get("reorder_and_upcast_attn") or config.get("add_cross_attention"):
-        raise _fail(path, "GPT-2 without reorder_and_upcast_attn or add_cross_attention (not implemented)")
+        raise refusal(path, "GPT-2 without reorder_and_upcast_attn or add_cross_attention (not implemented)")
     hidden = _get(config, path, "n_embd")
     heads = _get(config, path, "n_head")
     return HfSpec(
@@ -193,29 +194,29 @@ def _gpt2_spec(config: Mapping[str, Any], path: Any) -> HfSpec:
 def read_config(path: Any) -> HfSpec:
     """The spec of the folder ``path`` (its config.json), or one line saying what is wrong."""
     if path is None or str(path) in ("", "None"):
-        raise _fail(path, "a local Hugging Face model folder (config.json, model.safetensors) with model=hf")
+        raise refusal(path, "a local Hugging Face model folder (config.json, model.safetensors) with model=hf")
     folder = Path(str(path))
     file = folder / CONFIG_FILE
     if not folder.is_dir():
-        raise _fail(path, "a local Hugging Face model folder (it does not exist; unitrain never downloads)")
+        raise refusal(path, "a local Hugging Face model folder (it does not exist; unitrain never downloads)")
     if not file.is_file():
-        raise _fail(path, f"a Hugging Face model folder holding {CONFIG_FILE} (it has none)")
+        raise refusal(path, f"a Hugging Face model folder holding {CONFIG_FILE} (it has none)")
     try:
         config = json.loads(file.read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError) as err:
-        raise _fail(path, f"a readable JSON {CONFIG_FILE} ({err})") from None
+        raise refusal(path, f"a readable JSON {CONFIG_FILE} ({err})") from None
     if not isinstance(config, dict):
-        raise _fail(path, f"a {CONFIG_FILE} holding an object")
+        raise refusal(path, f"a {CONFIG_FILE} holding an object")
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
-        raise _fail(
+        raise refusal(
             path,
             f"a checkpoint of the families unitrain builds on both frameworks: model_type {', '.join(FAMILIES)} "
             f"(LLaMA, Mistral without sliding windows, Qwen2, Qwen3, GPT-2); it is {model_type!r}",
         )
     spec = _gpt2_spec(config, folder) if model_type == "gpt2" else _decoder_spec(config, folder, model_type)
     if spec.hidden_size <= 0 or spec.num_heads <= 0 or spec.num_layers <= 0 or spec.vocab_size <= 0:
-        raise _fail(path, "a config.json with positive sizes")
+        raise refusal(path, "a config.json with positive sizes")
     return spec
 
 
@@ -270,195 +271,3 @@ def linear_names(spec: HfSpec) -> List[str]:
     if spec.family == "gpt2":
         return ["lm_head.weight"] if not spec.tied else []
     return [n for n, s in expected_shapes(spec).items() if len(s) == 2 and n != "model.embed_tokens.weight"]
-
-
-def weight_files(folder: Path) -> List[Path]:
-    """model.safetensors, or the shards model.safetensors.index.json names; one line for a
-    folder with pickled weights only (pytorch_model.bin: never unpickled) or none."""
-    index = folder / INDEX_FILE
-    if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            shards = sorted(set(weight_map.values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
-            raise _fail(folder, f"a readable {INDEX_FILE} with a weight_map ({err})") from None
-        missing = [s for s in shards if not (folder / s).is_file()]
-        if missing:
-            raise _fail(folder, f"every shard {INDEX_FILE} names; {missing[0]} is missing")
-        return [folder / s for s in shards]
-    if (folder / WEIGHTS_FILE).is_file():
-        return [folder / WEIGHTS_FILE]
-    pickled = sorted(p.name for p in folder.glob("pytorch_model*.bin"))
-    if pickled:
-        raise _fail(
-            folder,
-            f"weights in safetensors (model.safetensors or {INDEX_FILE}); it has {pickled[0]}, a pickle, which "
-            "unitrain does not read (pickles run code): convert it once with transformers' save_pretrained",
-        )
-    raise _fail(folder, f"a Hugging Face model folder with its weights ({WEIGHTS_FILE} or {INDEX_FILE}); it has none")
-
-
-def _header(file: Path) -> Tuple[Dict[str, Any], int]:
-    """A safetensors file's header (name -> dtype, shape, data_offsets) and where its data starts."""
-    try:
-        with open(file, "rb") as f:
-            (size,) = struct.unpack("<Q", f.read(8))
-            if size > 100_000_000:
-                raise ValueError("header too large")
-            header = json.loads(f.read(size))
-    except (OSError, ValueError, struct.error) as err:
-        raise _fail(file.parent, f"safetensors files that read; {file.name} does not ({err})") from None
-    header.pop("__metadata__", None)
-    return header, 8 + size
-
-
-def _headers(spec: HfSpec) -> Dict[str, Tuple[Path, Dict[str, Any], int]]:
-    found: Dict[str, Tuple[Path, Dict[str, Any], int]] = {}
-    for file in weight_files(spec.folder):
-        header, start = _header(file)
-        for name, entry in header.items():
-            found[name] = (file, entry, start)
-    return found
-
-
-def _checked_headers(spec: HfSpec) -> Dict[str, Tuple[Path, Dict[str, Any], int]]:
-    """The weight files' entries, checked against the names and shapes ``spec`` implies."""
-    found = _headers(spec)
-    expected = expected_shapes(spec)
-    if spec.tied:
-        # A tied head is often saved too (transformers drops it, others keep it): it must equal the embedding's shape.
-        found.pop("lm_head.weight", None)
-    missing = [n for n in expected if n not in found]
-    if missing:
-        raise _fail(
-            spec.path,
-            f"weights matching its config.json: {missing[0]} is missing ({len(missing)} missing in all)",
-        )
-    extra = [n for n in found if n not in expected and not _ignorable(n)]
-    if extra:
-        raise _fail(spec.path, f"weights matching its config.json: {extra[0]} is not a parameter of {spec.model_type}")
-    for name, shape in expected.items():
-        file, entry, _ = found[name]
-        if tuple(entry.get("shape", ())) != shape:
-            raise _fail(
-                spec.path, f"weights matching its config.json: {name} is {tuple(entry.get('shape', ()))}, not {shape}"
-            )
-        if entry.get("dtype") not in _FLOAT_DTYPES:
-            raise _fail(spec.path, f"float weights (F32, F16, BF16); {name} is {entry.get('dtype')}")
-    return {n: found[n] for n in expected}
-
-
-def _ignorable(name: str) -> bool:
-    # Buffers some writers saved: rotary tables, GPT-2's causal masks.
-    return name.endswith((".rotary_emb.inv_freq", ".attn.bias", ".attn.masked_bias"))
-
-
-def check_folder(path: Any) -> HfSpec:
-    """What validation checks (config.json and the weight files' headers; no weights read)."""
-    spec = read_config(path)
-    _checked_headers(spec)
-    return spec
-
-
-def read_weights(spec: HfSpec) -> Dict[str, np.ndarray]:
-    """The checkpoint's parameters as float32 arrays by its names (``expected_shapes``), through
-    ``safetensors``' NumPy reader (no torch): F32 as is, F16 and F64 converted. NumPy has no
-    bfloat16, so a BF16 tensor is read as its raw bytes at the offsets the file's header gives and
-    widened by its bits (bfloat16 is float32's upper half: the 16 bits shifted left, exact)."""
-    try:
-        from safetensors import safe_open
-    except ImportError:
-        raise _fail(
-            spec.path, "readable once the safetensors package is installed (pip install 'unitrain[hf]')"
-        ) from None
-    entries = _checked_headers(spec)
-    arrays: Dict[str, np.ndarray] = {}
-    by_file: Dict[Path, List[str]] = {}
-    for name, (file, _entry, _) in entries.items():
-        by_file.setdefault(file, []).append(name)
-    for file, names in by_file.items():
-        with safe_open(str(file), framework="numpy") as f:
-            for name in names:
-                _, entry, start = entries[name]
-                if entry["dtype"] == "BF16":
-                    begin, end = entry["data_offsets"]
-                    bits = np.fromfile(file, dtype="<u2", count=(end - begin) // 2, offset=start + begin)
-                    array = (bits.astype(np.uint32) << 16).view(np.float32).reshape(entry["shape"])
-                else:
-                    array = f.get_tensor(name)
-                arrays[name] = np.ascontiguousarray(array, dtype=np.float32)
-    return arrays
-
-
-def tokenizer_file(spec: HfSpec) -> Optional[Path]:
-    """The folder's tokenizer.json, None without one."""
-    file = spec.folder / TOKENIZER_FILE
-    return file if file.is_file() else None
-
-
-#: data=text's keys that the checkpoint's tokenizer decides: set beside model=hf, refused.
-_TOKENIZER_KEYS = (("tokenizer", "char"), ("vocab_size", 1024))
-
-
-def check_job(cfg: Any) -> HfSpec:
-    """model=hf's rules, from the config and the folder's config.json and file headers (no weights
-    read): the folder (:func:`check_folder`), its tokenizer.json (its vocabulary within the
-    embedding table), model.init=shared refused (the weights are the checkpoint's), the tokenizer
-    keys unset, data.block_size within the model's positions."""
-    spec = check_folder(cfg.model.path)
-    if str(cfg.model.init) == "shared":
-        raise ConfigError(
-            "model.init", "shared", "framework (the default) with model=hf: the weights are the checkpoint's"
-        )
-    for key, default in _TOKENIZER_KEYS:
-        value = getattr(cfg.data, key, default)
-        if str(value) != str(default):
-            raise ConfigError(
-                f"data.{key}", value, "unset with model=hf (the tokens are the checkpoint's tokenizer.json's)"
-            )
-    tokenizer = text_tokenizer(spec)
-    block = getattr(cfg.data, "block_size", None)
-    if block is None:
-        raise ConfigError(
-            "data.block_size",
-            None,
-            f"the tokens per sample with model=hf (at most {spec.max_positions}, its positions)",
-        )
-    if block > spec.max_positions:
-        raise ConfigError("data.block_size", block, f"at most {spec.max_positions}, the checkpoint's positions")
-    if tokenizer.vocab_size > spec.vocab_size:
-        raise _fail(
-            spec.path,
-            f"a tokenizer.json whose vocabulary fits the embedding table: it has {tokenizer.vocab_size} tokens, "
-            f"config.json's vocab_size is {spec.vocab_size}",
-        )
-    return spec
-
-
-def text_tokenizer(spec: HfSpec) -> Any:
-    """The folder's tokenizer.json, read by the ``tokenizers`` library (one line without one)."""
-    from unitrain.data.text import load_tokenizer
-
-    file = tokenizer_file(spec)
-    if file is None:
-        raise _fail(spec.path, f"a Hugging Face model folder with its {TOKENIZER_FILE} (data=text's tokens)")
-    return load_tokenizer(file)
-
-
-class _TextData:
-    """data=text's config as the checkpoint's tokenizer reads it: byte-level BPE of its size."""
-
-    def __init__(self, data: Any, vocab_size: int):
-        self._data, self.tokenizer, self.vocab_size = data, "bpe", vocab_size
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._data, name)
-
-
-def text_data(cfg: Any) -> Tuple[Any, Path, int]:
-    """What ``load_text`` takes for a model=hf job: the data config as its tokenizer reads it,
-    the folder's tokenizer.json (``tokenizer_file=``), and the model's positions
-    (``max_block_size=``)."""
-    spec = read_config(cfg.model.path)
-    tokenizer = text_tokenizer(spec)
-    return _TextData(cfg.data, tokenizer.vocab_size), tokenizer_file(spec), spec.max_positions

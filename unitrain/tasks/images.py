@@ -63,9 +63,6 @@ class Images(OnePrediction):
             f"({int(result['val_samples'])} samples, {result['eval_s']:.2f} s)"
         )
 
-    def held_out_columns(self, summary: Mapping[str, Any]) -> Dict[str, Tuple[str, str]]:
-        return {"held-out loss": ("val_loss", ".4f"), "held-out top-1": ("val_top1", ".4f")}
-
     # --- the report
     input_kind = "images"
     deployed = Deployed("throughput_ips", "img/s", "images/s", "held-out top-1", "images")

@@ -20,9 +20,9 @@ from unitrain.data.text import (
     tokenizer_path,
 )
 from unitrain.errors import ConfigError
-from unitrain.spec import hf
+from unitrain.spec.hf import HF
 from unitrain.spec.models import MODELS, GPTSpec, is_language_model
-from unitrain.tasks import language_export
+from unitrain.tasks import hf_text, language_export
 from unitrain.tasks.task import ConversionProbe, Deployed, Measure, OwnKey, TaskData
 
 #: Past it exp() overflows: a diverged model's perplexity is infinite, not an error.
@@ -56,8 +56,8 @@ def text_corpus(cfg: Any, run_dir: Optional[Path], resumed_run: Optional[Path] =
     """The job's corpus, its tokenizer saved in ``run_dir``: on resume the tokenizer of the run
     that wrote the checkpoint (refused if it was made from another corpus), so that the ids the
     weights learned keep their meaning. model=hf: the checkpoint's own tokenizer.json."""
-    if cfg.model.name == hf.HF:
-        data, tokenizer, positions = hf.text_data(cfg)
+    if cfg.model.name == HF:
+        data, tokenizer, positions = hf_text.text_data(cfg)
         return load_text(data, run_dir=run_dir, max_block_size=positions, tokenizer_file=tokenizer)
     context = context_length(cfg.model.name)
     saved = tokenizer_path(resumed_run) if resumed_run is not None else None
@@ -103,10 +103,10 @@ class Language:
     def check(self, cfg: Any) -> None:
         """Text trains a language model (or a user's model, which the job asks for a text
         factory); its tokens per sample fit the model's context. model=hf: the checkpoint's rules
-        (unitrain.spec.hf.check_job: its folder, tokenizer and positions; data.tokenizer and
+        (tasks/hf_text.check_job: its folder, tokenizer and positions; data.tokenizer and
         data.vocab_size unset)."""
-        if cfg.model.name == hf.HF:
-            hf.check_job(cfg)
+        if cfg.model.name == HF:
+            hf_text.check_job(cfg)
         spec = MODELS.get(cfg.model.name) if cfg.model.name in MODELS else None
         if spec is not None and not isinstance(spec, GPTSpec):
             language = ", ".join(n for n in MODELS.names() if is_language_model(n))

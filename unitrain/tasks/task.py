@@ -128,6 +128,11 @@ class OnePrediction:
     def input_positions(self, entry: Mapping[str, Any]) -> Optional[int]:
         return None
 
+    def held_out_columns(self, summary: Mapping[str, Any]) -> Dict[str, Tuple[str, str]]:
+        """The held-out loss and the task's measure."""
+        measure: Measure = self.measure
+        return {"held-out loss": ("val_loss", ".4f"), measure.label: (measure.key, ".4f")}
+
     #: The run's files an export carries beside the model (none: a sample is its own input).
     export_files: Tuple[str, ...] = ()
 

@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Type, TypeVar
 
+from unitrain.host.processes import running
+
 #: Bumped whenever what a cache entry holds would change for the same corpus and tokenizer.
 CACHE_FORMAT = 1
 #: A cache entry's record holds, under this name, the sha256 of its other fields: a record
@@ -126,18 +128,6 @@ def temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}@{_host()}.tmp")
 
 
-def _running(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
-
-
 def clean_leftovers(folder: Path) -> int:
     """Remove from ``folder`` the temporary files (``.<name>.<pid>[@<host>].tmp``) of jobs that no
     longer run: this host's whose pid is gone; those without a host once their pid is gone and they
@@ -156,9 +146,9 @@ def clean_leftovers(folder: Path) -> int:
             stat = entry.stat(follow_symlinks=False)
             age = now - stat.st_mtime
             if found["host"] is None:
-                gone = not _running(int(found["pid"])) and age > UNQUALIFIED_GRACE_S
+                gone = not running(int(found["pid"])) and age > UNQUALIFIED_GRACE_S
             elif found["host"] == host:
-                gone = not _running(int(found["pid"]))
+                gone = not running(int(found["pid"]))
             else:
                 gone = age > OTHER_HOST_GRACE_S
             if gone:
