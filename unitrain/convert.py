@@ -29,7 +29,7 @@ from omegaconf import OmegaConf
 
 from unitrain.config.schema import TrainerConfig
 from unitrain.errors import UnitrainError
-from unitrain.host.atomic import cannot_create_in
+from unitrain.host.atomic import cannot_create_in, cannot_write_beside
 from unitrain.interface.backend import get_backend
 from unitrain.interface.modules import available_backends
 from unitrain.interface.translate import translate_module
@@ -279,12 +279,9 @@ def _check_out(out: str | None) -> None:
         raise UnitrainError(
             f"--out={out!r} is not allowed: it exists and is not an empty folder; allowed: a new folder"
         )
-    # The parent's check is make_criteo.py's too, worded for a folder that may exist empty here.
-    if not path.parent.is_dir():
-        raise UnitrainError(f"--out={out!r} is not allowed: {path.parent} does not exist; allowed: a new folder")
-    why = cannot_create_in(path.parent)
+    why = cannot_write_beside(path)
     if why:
-        raise UnitrainError(f"--out={out!r} is not allowed: {path.parent}: {why}; allowed: a folder you can write")
+        raise UnitrainError(f"--out={out!r} is not allowed: {why}; allowed: a new folder in a folder you can write")
 
 
 def _conversion_lines(translation: Translation, backend: str, out: Path) -> str:

@@ -20,7 +20,7 @@ from rich.progress import Progress
 from unitrain.data.criteo import CARDINALITIES
 from unitrain.data.criteo_files import write_synthetic
 from unitrain.errors import UnitrainError
-from unitrain.host.atomic import cannot_create_in
+from unitrain.host.atomic import cannot_write_beside
 from unitrain.launch.arguments import OneLineParser
 
 
@@ -54,12 +54,11 @@ def _check(args: argparse.Namespace, out: Path) -> None:
         raise UnitrainError(
             f"--out={args.out!r} is not allowed: it exists; allowed: a new folder (nothing is overwritten)"
         )
-    # The parent's check is convert.py's _check_out's too, worded for a folder that must not exist yet.
-    if not out.parent.is_dir():
-        raise UnitrainError(f"--out={args.out!r} is not allowed: {out.parent} is not a folder")
-    why = cannot_create_in(out.parent)
+    why = cannot_write_beside(out)
     if why:
-        raise UnitrainError(f"--out={args.out!r} is not allowed: {out.parent}: {why}; allowed: a folder you can write")
+        raise UnitrainError(
+            f"--out={args.out!r} is not allowed: {why}; allowed: a new folder in a folder you can write"
+        )
     if args.held_out < 0 or args.parts > args.rows:
         raise UnitrainError(
             f"--parts={args.parts} is not allowed: 1 to --rows={args.rows}"

@@ -17,6 +17,15 @@ def replace_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def cannot_write_beside(path: Path) -> Optional[str]:
+    """None where ``path`` can be made (its parent is a folder this process can write in), else
+    why not: what an --out of a new folder needs."""
+    if not path.parent.is_dir():
+        return f"{path.parent} is not a folder"
+    why = cannot_create_in(path.parent)
+    return f"{path.parent}: {why}" if why else None
+
+
 def cannot_create_in(folder: Path) -> Optional[str]:
     """None where this process can make a folder in ``folder``, else why not, in the system's
     words: checked by making one (permissions alone do not say it for root, /proc or a
