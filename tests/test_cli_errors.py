@@ -17,7 +17,7 @@ from conftest import BACKENDS, FAST, refusal
         (["-m", "backend=paddle,jax"], "backend='jax' is not allowed: one of paddle, torch"),
         (
             ["model=vgg"],
-            "model='vgg' is not allowed: one of custom, gpt_mini, gpt_nano, resnet18, resnet18_cifar, "
+            "model='vgg' is not allowed: one of custom, gpt_mini, gpt_nano, hf, resnet18, resnet18_cifar, "
             "resnet18_stride2, resnet50, tiny, vit_small, vit_tiny",
         ),
         (["data=imagefolder"], "data.path=None is not allowed"),

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_module
 from hydra.errors import ConfigCompositionException
@@ -31,6 +35,29 @@ def test_required_groups_and_options_exist():
         assert options[group], group
 
 
+def _hf_folder(folder: Path) -> Path:
+    """A tiny LLaMA folder written without transformers: its config.json, zero weights of the
+    shapes it implies, and a byte-level BPE tokenizer.json."""
+    import tokenizers
+    from safetensors.numpy import save_file
+
+    from unitrain.spec.hf import expected_shapes, read_config
+
+    folder.mkdir()
+    config = {"model_type": "llama", "vocab_size": 300, "hidden_size": 32, "intermediate_size": 64}
+    config |= {"num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_act": "silu"}
+    (folder / "config.json").write_text(json.dumps(config | {"max_position_embeddings": 64}))
+    weights = {n: np.zeros(s, np.float32) for n, s in expected_shapes(read_config(folder)).items()}
+    save_file(weights, str(folder / "model.safetensors"))
+    tok = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tok.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    alphabet = tokenizers.pre_tokenizers.ByteLevel.alphabet()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=280, initial_alphabet=alphabet, show_progress=False)
+    tok.train_from_iterator(["a short corpus of plain prose"] * 5, trainer)
+    tok.save(str(folder / "tokenizer.json"))
+    return folder
+
+
 PS_ONLY = {"wide_deep", "criteo", "criteo_synthetic", "sgd", "adagrad", "adam", "ps", "wide_deep_ps"}
 
 
@@ -46,7 +73,10 @@ def test_every_option_composes_and_validates(group, option, tmp_path):
     if option == "custom":
         # Validation builds the user's model once, to check its logits' shape on one batch.
         extra.append("model.torch=examples.gallery.convmixer:build")
-    if option.startswith("gpt_") or option == "text":
+    if option == "hf":
+        # A Hugging Face folder: validation reads its config.json, weight headers and tokenizer.
+        extra += [f"model.path={_hf_folder(tmp_path / 'hf')}", "data.block_size=8"]
+    if option.startswith("gpt_") or option in ("text", "hf"):
         # A language model and its corpus go together.
         (tmp_path / "corpus.txt").write_text("A short corpus of plain prose, long enough for a block or two. " * 20)
         extra += ["data=text" if group == "model" else "model=gpt_nano", f"data.path={tmp_path / 'corpus.txt'}"]
