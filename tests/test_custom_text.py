@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from conftest import BACKENDS, refusal, run_unitrain
+
+
+@pytest.fixture(autouse=True)
+def _own_bad_nets(monkeypatch):
+    """test_custom_text.py and test_write_once.py each write a module named bad_nets: one that the
+    other file's tests imported first (both may run in one pytest worker) is not this file's."""
+    monkeypatch.delitem(sys.modules, "bad_nets", raising=False)
+
 
 ROOT = Path(__file__).resolve().parents[1]
 GALLERY = ROOT / "examples" / "gallery"

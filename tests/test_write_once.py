@@ -15,6 +15,14 @@ import pytest
 
 from conftest import refusal, run_unitrain
 
+
+@pytest.fixture(autouse=True)
+def _own_bad_nets(monkeypatch):
+    """test_custom_text.py and test_write_once.py each write a module named bad_nets: one that the
+    other file's tests imported first (both may run in one pytest worker) is not this file's."""
+    monkeypatch.delitem(sys.modules, "bad_nets", raising=False)
+
+
 GALLERY = Path(__file__).resolve().parents[1] / "examples" / "gallery"
 IMAGE_MODELS = ["convmixer", "mobilenetv2", "vit", "unet", "mlp_mixer", "resnet18"]
 TEXT = (Path(__file__).resolve().parents[1] / "README.md").read_text()
