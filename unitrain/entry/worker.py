@@ -5,6 +5,10 @@ its end (done, failed with a message, or terminated by the launcher) in
 ``<run_dir>/.workers/rank<r>.json`` so that the main process can name the rank that failed.
 The first status is written before anything of unitrain is imported, so that even a worker that
 fails to start is accounted for.
+
+A worker runs a user's code, so it ends as Python ends a program, SIGTERM too (raised as
+:class:`Terminated` in the main thread). The one ``os._exit`` (``_end_from_a_thread``) is a last
+resort for a main thread stuck in a framework's C++ call, which never returns to Python.
 """
 
 from __future__ import annotations
@@ -148,7 +152,7 @@ def _tie_to_main_process(args: argparse.Namespace, parent: int, status: Status) 
 
     def on_main_gone() -> None:
         status(status="terminated", error="the unitrain main process ended")
-        os._exit(128 + signal.SIGKILL)
+        _end_from_a_thread(128 + signal.SIGKILL)
 
     # The start time the main process read of itself; read here only if it did not pass it
     # (then a pid reused before this line would pass for the main process).
@@ -197,6 +201,31 @@ def _forked_helper() -> None:
     processes.die_with_parent()
 
 
+class Terminated(SystemExit):
+    """SIGTERM (from the launcher, or the main process gone): the worker unwinds and ends as
+    Python ends a program, a user's files and atexit hooks included, with this status."""
+
+
+#: Seconds a worker asked to end from its watchdog thread has to unwind before that thread ends it.
+UNWIND_S = 10.0
+
+
+def _end_from_a_thread(code: int) -> None:
+    """End this worker from a thread other than the main one: SIGTERM to itself, which its main
+    thread turns into :class:`Terminated` (so Python's exit runs). The one ``os._exit`` left: a
+    main thread stuck in a framework's C++ call (a collective waiting for a peer that is gone)
+    never returns to Python to see the signal, and a worker must not live on orphaned; after
+    UNWIND_S it ends without its own teardown."""
+    _pending_code[0] = code
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(UNWIND_S)
+    os._exit(code)
+
+
+#: The status the next SIGTERM ends the worker with (128 + SIGTERM unless a watchdog set it).
+_pending_code = [0]
+
+
 def main(argv: list[str] | None = None) -> int:
     parent = os.getppid()
     args = _arguments(argv)
@@ -204,8 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     _log_to(Path(args.run_dir), log_name if args.workerlog else None, args.console)
 
     def on_sigterm(signum: int, frame: Any) -> None:
-        status(status="terminated")
-        os._exit(128 + signum)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends it at once
+        if not _pending_code[0]:
+            status(status="terminated")
+        raise Terminated(_pending_code[0] or 128 + signum)
 
     signal.signal(signal.SIGTERM, on_sigterm)
     status(status="running")
@@ -225,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         code = getattr(err, "exit_code", 2)
         status(status="failed", error=str(err), user_error=True, refusal=isinstance(err, Refusal), exit_code=code)
         return code
+    except Terminated:
+        raise
     except KeyboardInterrupt:
         # Ctrl-C reaches the whole foreground process group, this process too when the main
         # process started it directly (sweeps, repeats): the main process says it in one line.
